@@ -1,0 +1,33 @@
+# Set-up: `make install`, then `make test` (see README.md).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+NP ?= 4
+GRID ?= 1x1x2x2
+CONFIG ?= yaml/synthetic.yaml
+
+.PHONY: install test run lint bench clean
+
+install:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade "pip>=23"
+	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps --no-build-isolation -e .
+
+test:
+	$(PY) -m pytest -q
+
+lint:
+	$(VENV)/bin/ruff check dgl_scalegnn tests benchmarks
+
+run:
+	$(VENV)/bin/scalegnn train --config $(CONFIG)
+
+bench:
+	$(PY) -m benchmarks.run_all
+
+clean:
+	rm -rf runs .pytest_cache

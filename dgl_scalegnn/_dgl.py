@@ -1,0 +1,47 @@
+"""The one place the package imports DGL.
+
+DGL 2.1.0's wheel ships its ``graphbolt`` and ``dgl.sparse`` native libraries only for
+torch <= 2.2.1, and ``import dgl`` imports ``dgl.graphbolt`` eagerly, which raises
+``FileNotFoundError`` on newer torch. dgl_scalegnn needs neither: the core, ``dgl.ops``
+kernels, samplers, dataset classes and ``dgl.distributed`` work on torch 2.13. When the
+graphbolt library for the running torch is missing, an empty ``dgl.graphbolt`` module is
+registered before the import so that the rest of DGL loads. Every other module does
+``from dgl_scalegnn._dgl import dgl``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+
+import torch
+
+__all__ = ["dgl", "GRAPHBOLT_STUBBED"]
+
+
+def _graphbolt_library_present() -> bool:
+    spec = importlib.util.find_spec("dgl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "dgl is not installed; run `make install` (dgl==2.1.0 is pinned in requirements.txt)"
+        )
+    package_dir = next(iter(spec.submodule_search_locations))
+    torch_version = torch.__version__.split("+")[0]
+    library = os.path.join(package_dir, "graphbolt", f"libgraphbolt_pytorch_{torch_version}.so")
+    return os.path.exists(library)
+
+
+def _import_dgl() -> tuple[types.ModuleType, bool]:
+    stub = "dgl" not in sys.modules and not _graphbolt_library_present()
+    if stub:
+        placeholder = types.ModuleType("dgl.graphbolt")
+        placeholder.__doc__ = "Placeholder: graphbolt has no native library for this torch."
+        sys.modules["dgl.graphbolt"] = placeholder
+    import dgl as module
+
+    return module, stub
+
+
+dgl, GRAPHBOLT_STUBBED = _import_dgl()

@@ -1,0 +1,327 @@
+"""Run configuration: one frozen dataclass per concern, read from YAML.
+
+A config file has the sections ``data``, ``model``, ``sampling``, ``train``,
+``parallel``, ``optim`` and ``output``. Unknown keys, wrong types and impossible values
+are refused with a :class:`ConfigError` that names the key, the value and what is
+expected. ``--set section.key=value`` overrides take YAML scalars.
+
+Example
+-------
+>>> from dgl_scalegnn.config import config_from_mapping
+>>> cfg = config_from_mapping({"data": {"name": "synthetic"}, "sampling": {"batch_size": 512}})
+>>> cfg.sampling.batch_size, cfg.parallel.grid
+(512, '1x1x1x1')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "SyntheticConfig",
+    "ModelConfig",
+    "SamplingConfig",
+    "TrainConfig",
+    "ParallelConfig",
+    "OptimConfig",
+    "OutputConfig",
+    "Config",
+    "config_from_mapping",
+    "load_config",
+    "apply_overrides",
+    "DATASET_NAMES",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot be used; the message names the key."""
+
+
+DATASET_NAMES = (
+    "cora",
+    "citeseer",
+    "pubmed",
+    "ogbn-arxiv",
+    "ogbn-products",
+    "ogbn-papers100M",
+    "reddit",
+    "dgl",
+    "synthetic",
+)
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The built-in generator (see :mod:`dgl_scalegnn.data.synthetic`)."""
+
+    num_nodes: int = 20_000
+    avg_degree: float = 16.0
+    num_features: int = 64
+    num_classes: int = 8
+    homophily: float = 0.8
+    feature_noise: float = 4.0
+    degree_exponent: float = 2.5
+    train_fraction: float = 0.3
+    val_fraction: float = 0.1
+    featureless: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which graph to train on.
+
+    ``root`` defaults to ``$SCALEGNN_DATA_ROOT``; ``path`` is the file of a graph saved
+    with ``dgl.save_graphs`` (``name: dgl``); ``prepared`` a directory written by
+    ``scalegnn prepare``, which then replaces loading and normalising.
+    """
+
+    name: str = "synthetic"
+    root: str | None = None
+    path: str | None = None
+    prepared: str | None = None
+    permutation_seed: int = 0
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def resolved_root(self) -> str | None:
+        return self.root or os.environ.get("SCALEGNN_DATA_ROOT")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """ScaleGNN model: input projection, ``layers`` GCN layers, output head."""
+
+    hidden: int = 128
+    layers: int = 3
+    dropout: float = 0.5
+    norm: bool = True
+    residual: bool = True
+    rms_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Uniform vertex sampling: ``batch_size`` vertices per step and DP group."""
+
+    batch_size: int = 4096
+    seed: int = 0
+    prefetch: bool = False
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Epochs of ``ceil(N / batch_size) / Gd`` steps with full-graph evaluation."""
+
+    epochs: int = 20
+    eval_every: int = 1
+    target_metric: str = "val_acc"
+    target_acc: float | None = None
+    seed: int = 0
+    on_nonfinite: str = "stop"
+    progress: bool = True
+    max_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The 4D grid ``GdxGxxGyxGz`` and how its communication runs."""
+
+    grid: str = "1x1x1x1"
+    backend: str = "auto"
+    timeout_s: float = 300.0
+    bf16_comm: bool = False
+    overlap: bool = False
+    fuse: bool = False
+    spmm_kernel: str = "auto"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Adam."""
+
+    lr: float = 0.01
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where results go: JSON-lines metrics and checkpoints."""
+
+    dir: str | None = None
+    metrics: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {
+    "data.name": DATASET_NAMES,
+    "train.target_metric": ("train_acc", "val_acc", "test_acc"),
+    "train.on_nonfinite": ("stop", "skip"),
+    "parallel.backend": ("auto", "gloo", "nccl"),
+    "parallel.spmm_kernel": ("auto", "dgl-scaled", "dgl-weighted", "torch-csr"),
+}
+
+
+def _check_choices_and_ranges(cfg: Config) -> None:
+    for key, allowed in _CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in allowed:
+            raise ConfigError(f"{key}: got {value!r}; allowed values are {', '.join(allowed)}")
+
+    def positive(key: str, value: float, minimum: float = 1) -> None:
+        if value < minimum:
+            raise ConfigError(f"{key}: got {value}; it must be at least {minimum}")
+
+    positive("model.hidden", cfg.model.hidden)
+    positive("model.layers", cfg.model.layers, 0)
+    positive("sampling.batch_size", cfg.sampling.batch_size, 2)
+    positive("train.epochs", cfg.train.epochs)
+    positive("train.eval_every", cfg.train.eval_every)
+    positive("output.checkpoint_every", cfg.output.checkpoint_every, 0)
+    positive("parallel.timeout_s", cfg.parallel.timeout_s, 1)
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"model.dropout: got {cfg.model.dropout}; it must be in [0, 1)")
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr: got {cfg.optim.lr}; it must be positive")
+    if cfg.train.target_acc is not None and not 0.0 < cfg.train.target_acc <= 1.0:
+        raise ConfigError(
+            f"train.target_acc: got {cfg.train.target_acc}; give a fraction in (0, 1], e.g. 0.8"
+        )
+    if cfg.train.max_steps is not None:
+        positive("train.max_steps", cfg.train.max_steps)
+    if cfg.data.name == "dgl" and not cfg.data.path and not cfg.data.prepared:
+        raise ConfigError("data.path: name 'dgl' needs the file written by dgl.save_graphs")
+    syn = cfg.data.synthetic
+    positive("data.synthetic.num_nodes", syn.num_nodes, 2)
+    positive("data.synthetic.num_classes", syn.num_classes, 2)
+    positive("data.synthetic.num_features", syn.num_features)
+    if not 0.0 <= syn.homophily <= 1.0:
+        raise ConfigError(f"data.synthetic.homophily: got {syn.homophily}; it must be in [0, 1]")
+    if not (
+        syn.train_fraction > 0
+        and syn.val_fraction > 0
+        and syn.train_fraction + syn.val_fraction < 1
+    ):
+        raise ConfigError(
+            "data.synthetic.train_fraction/val_fraction: got "
+            f"{syn.train_fraction}/{syn.val_fraction}; both positive with a sum below 1"
+        )
+    if cfg.data.prepared is not None and not Path(cfg.data.prepared).is_dir():
+        raise ConfigError(f"data.prepared: directory {cfg.data.prepared!r} does not exist")
+
+
+def _coerce(key: str, annotation: Any, value: Any) -> Any:
+    """Check ``value`` against a field annotation; ints are accepted where floats are."""
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        inner = [option for option in options if option is not type(None)]
+        return _coerce(key, inner[0], value)
+    if dataclasses.is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+        return _build(annotation, value, key)
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if annotation in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{key}: expected {annotation.__name__}, got bool {value!r}")
+    if not isinstance(value, annotation):
+        raise ConfigError(
+            f"{key}: expected {annotation.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _build(cls: type, mapping: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(mapping) - known)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"unknown key {where}{unknown[0]}; the keys of {prefix or 'the config'} are "
+            f"{', '.join(sorted(known))}"
+        )
+    values = {}
+    for name, value in mapping.items():
+        key = f"{prefix}.{name}" if prefix else name
+        values[name] = _coerce(key, hints[name], value)
+    return cls(**values)
+
+
+def config_from_mapping(mapping: dict[str, Any] | None) -> Config:
+    """Build and validate a :class:`Config` from nested dictionaries."""
+    cfg = _build(Config, mapping or {}, "")
+    _check_choices_and_ranges(cfg)
+    return cfg
+
+
+def apply_overrides(mapping: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` strings (values parsed as YAML scalars) to a copy."""
+    result = _deep_copy(mapping)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = result
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+            node = child
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    return result
+
+
+def _deep_copy(mapping: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in mapping.items()}
+
+
+def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config file (or none: all defaults) and apply ``--set`` overrides."""
+    mapping: dict[str, Any] = {}
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file {str(file)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {str(file)!r} is not valid YAML: {error}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(
+                f"config file {str(file)!r}: expected a mapping of sections, "
+                f"got {type(loaded).__name__}"
+            )
+        mapping = loaded or {}
+    return config_from_mapping(apply_overrides(mapping, overrides or []))

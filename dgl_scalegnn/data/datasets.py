@@ -1,0 +1,577 @@
+"""Dataset loaders: each graph is read by DGL's or OGB's own dataset class from local files.
+
+No loader ever downloads: the files a class would fetch are checked first, and a missing
+one raises :class:`~dgl_scalegnn.data.graph.DatasetError` naming its path. ``<root>`` is
+``data.root`` or ``$SCALEGNN_DATA_ROOT``; ``<cache>`` is ``$SCALEGNN_CACHE_DIR`` or
+``~/.cache/dgl_scalegnn``.
+
+On-disk layouts
+---------------
+``cora``, ``citeseer``, ``pubmed`` (:class:`dgl.data.CoraGraphDataset` and siblings)
+    ``<root>/planetoid/ind.<name>.{x,y,tx,ty,allx,ally,graph,test.index}``, the Planetoid
+    files. DGL reads them from ``RAW_DIR/<dgl name>_<url hash>/ind.<dgl name>.*``, where
+    the directory is ``cora_v2_d697a464``, ``citeseer_d6836239`` or ``pubmed_35464cad``
+    (the hash is of DGL's download URL, so it follows ``$DGL_REPO``). The files are linked
+    (or copied) into ``<cache>/<name>/<fingerprint>/<that directory>/``, where DGL also
+    writes its processed cache, so the data root may be read-only. ``<fingerprint>``
+    hashes the source paths, sizes and modification times: changed files are re-read.
+``reddit`` (:class:`dgl.data.RedditDataset`)
+    ``<root>/reddit/reddit_data.npz`` and ``<root>/reddit/reddit_graph.npz`` (the contents
+    of DGL's ``reddit.zip``), staged like the above as ``<cache>/reddit/<fingerprint>/
+    reddit_69f818f5/``. DGL reorders the vertices (reverse Cuthill-McKee) when it builds
+    the graph.
+``ogbn-arxiv``, ``ogbn-products``, ``ogbn-papers100M`` (``DglNodePropPredDataset``)
+    OGB's own layout under ``<root>/ogbn_arxiv``, ``<root>/ogbn_products``,
+    ``<root>/ogbn_papers100M`` (or the same name with ``_dgl`` appended, which OGB
+    prefers when present): the unzipped download renamed to that directory. It holds
+    ``RELEASE_v1.txt``, ``split/<split>/{train,valid,test}.csv.gz`` (or
+    ``split/<split>/split_dict.pt``) and the raw files of :data:`OGB_LAYOUTS`, which are
+    not needed once OGB has written ``processed/dgl_data_processed`` there (so the
+    directory must be writable on the first load).
+``dgl``
+    ``data.path``, a file written by ``dgl.save_graphs(path, [g], labels)``; the first
+    graph is used, with ``labels["num_classes"]`` when saved (a one-element tensor such
+    as ``torch.tensor([7])``: DGL 2.1.0 loses the value of a 0-dim tensor).
+``synthetic``
+    :func:`dgl_scalegnn.data.synthetic.generate` with ``data.synthetic``.
+
+Every loader ends in the same checks and conversions as :func:`dataset_from_graph`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.config import DataConfig
+from dgl_scalegnn.data.graph import REQUIRED_NDATA, DatasetError, NodeDataset
+
+__all__ = ["OGB_LAYOUTS", "OgbLayout", "dataset_from_graph", "default_cache_dir", "load_dataset"]
+
+_MASK_KEYS = ("train_mask", "val_mask", "test_mask")
+_PLANETOID_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
+_REDDIT_FILES = ("reddit_data.npz", "reddit_graph.npz")
+
+
+# --------------------------------------------------------------------------------------
+# Shared checks: every loader's graph goes through _to_node_dataset.
+# --------------------------------------------------------------------------------------
+
+
+def dataset_from_graph(
+    graph: dgl.DGLGraph, name: str = "dgl", num_classes: int | None = None
+) -> NodeDataset:
+    """Wrap an in-memory graph as a :class:`NodeDataset`.
+
+    Parameters
+    ----------
+    graph : dgl.DGLGraph
+        A graph with one node type and ``ndata`` ``feat``, ``label``, ``train_mask``,
+        ``val_mask`` and ``test_mask``. It is not modified: the dataset holds a shallow
+        clone whose node data are converted.
+    name : str
+        The dataset name.
+    num_classes : int, optional
+        Number of classes; inferred when omitted (largest label plus one, or the number
+        of columns of ``(N, C)`` 0/1 multi-label targets).
+
+    Returns
+    -------
+    NodeDataset
+        ``feat`` float32, ``label`` int64 ``(N,)`` (``-1`` for unlabelled vertices) or
+        float32 ``(N, C)``, masks bool.
+
+    Raises
+    ------
+    DatasetError
+        If node data are missing or cannot be converted, a mask selects an unlabelled
+        vertex, or a label does not fit ``num_classes``.
+    """
+    return _to_node_dataset(graph, name, num_classes, source=f"graph {name!r}")
+
+
+def _to_node_dataset(
+    graph: dgl.DGLGraph, name: str, num_classes: int | None, source: str
+) -> NodeDataset:
+    """Check and convert the node data of ``graph``; ``source`` names it in errors."""
+    _check_node_data(graph, source)
+    graph = graph.clone()
+    graph.ndata["feat"] = _as_features(graph.ndata["feat"], source)
+    for key in _MASK_KEYS:
+        graph.ndata[key] = _as_mask(graph.ndata[key], key, source)
+    label, multilabel = _as_labels(graph.ndata["label"], source)
+    graph.ndata["label"] = label
+    if num_classes is None:
+        num_classes = _infer_num_classes(label, multilabel, source)
+    _check_labels(graph, int(num_classes), multilabel, source)
+    return NodeDataset(name=name, graph=graph, num_classes=int(num_classes), multilabel=multilabel)
+
+
+def _check_node_data(graph: dgl.DGLGraph, source: str) -> None:
+    if len(graph.ntypes) != 1:
+        raise DatasetError(
+            f"{source}: the graph has node types {graph.ntypes}; a node dataset needs one "
+            "node type (convert it with dgl.to_homogeneous)"
+        )
+    missing = [key for key in REQUIRED_NDATA if key not in graph.ndata]
+    if missing:
+        raise DatasetError(
+            f"{source}: graph.ndata lacks {', '.join(repr(key) for key in missing)}; "
+            f"set graph.ndata[key] for each of {', '.join(REQUIRED_NDATA)}"
+        )
+
+
+def _as_features(feat: torch.Tensor, source: str) -> torch.Tensor:
+    if feat.dim() != 2:
+        raise DatasetError(
+            f"{source}: ndata['feat'] has shape {tuple(feat.shape)}; expected (N, D)"
+        )
+    return feat.to(torch.float32)
+
+
+def _as_mask(mask: torch.Tensor, key: str, source: str) -> torch.Tensor:
+    if mask.dim() != 1:
+        raise DatasetError(f"{source}: ndata[{key!r}] has shape {tuple(mask.shape)}; expected (N,)")
+    if mask.dtype == torch.bool:
+        return mask
+    if not _is_zero_one(mask):
+        raise DatasetError(f"{source}: ndata[{key!r}] holds values other than 0/1; use a bool mask")
+    return mask.to(torch.bool)
+
+
+def _is_zero_one(values: torch.Tensor) -> bool:
+    return bool(((values == 0) | (values == 1)).all())
+
+
+def _as_labels(label: torch.Tensor, source: str) -> tuple[torch.Tensor, bool]:
+    """Class indices ``(N,)`` or ``(N, 1)`` become int64 ``(N,)``, 0/1 ``(N, C)`` float32."""
+    if label.dim() == 2 and label.shape[1] == 1:
+        label = label[:, 0]
+    if label.dim() == 1:
+        return _as_class_indices(label, source), False
+    if label.dim() == 2:
+        if not _is_zero_one(label):
+            raise DatasetError(
+                f"{source}: ndata['label'] of shape {tuple(label.shape)} is read as multi-label "
+                "targets and must hold only 0/1; give class indices of shape (N,) otherwise"
+            )
+        return label.to(torch.float32), True
+    raise DatasetError(
+        f"{source}: ndata['label'] has shape {tuple(label.shape)}; expected (N,) class "
+        "indices or (N, C) 0/1 multi-label targets"
+    )
+
+
+def _as_class_indices(label: torch.Tensor, source: str) -> torch.Tensor:
+    """Int64 class indices; NaN (OGB's mark of an unlabelled vertex) becomes ``-1``."""
+    if label.is_floating_point():
+        unlabelled = torch.isnan(label)
+        known = label[~unlabelled]
+        if not bool((known == known.round()).all()):
+            raise DatasetError(
+                f"{source}: ndata['label'] holds non-integer values; class labels must be "
+                "whole numbers (NaN or -1 for unlabelled vertices)"
+            )
+        label = torch.where(unlabelled, torch.full_like(label, -1), label)
+    label = label.to(torch.int64)
+    if label.numel() and int(label.min()) < -1:
+        raise DatasetError(
+            f"{source}: ndata['label'] holds {int(label.min())}; labels are class indices "
+            "0..C-1, or -1 for an unlabelled vertex"
+        )
+    return label
+
+
+def _infer_num_classes(label: torch.Tensor, multilabel: bool, source: str) -> int:
+    if multilabel:
+        return int(label.shape[1])
+    if label.numel() == 0 or int(label.max()) < 0:
+        raise DatasetError(f"{source}: no vertex has a label, so the number of classes is unknown")
+    return int(label.max()) + 1
+
+
+def _check_labels(graph: dgl.DGLGraph, num_classes: int, multilabel: bool, source: str) -> None:
+    label = graph.ndata["label"]
+    if multilabel:
+        if label.shape[1] != num_classes:
+            raise DatasetError(
+                f"{source}: num_classes is {num_classes} but the multi-label targets have "
+                f"{label.shape[1]} columns; they must agree"
+            )
+        return
+    largest = int(label.max()) if label.numel() else -1
+    if largest >= num_classes:
+        raise DatasetError(
+            f"{source}: ndata['label'] holds class {largest} but num_classes is {num_classes}; "
+            f"give num_classes of at least {largest + 1}"
+        )
+    for key in _MASK_KEYS:
+        unlabelled = int((label[graph.ndata[key]] < 0).sum())
+        if unlabelled:
+            raise DatasetError(
+                f"{source}: ndata[{key!r}] selects {unlabelled} unlabelled vertices "
+                "(label -1); a mask may select labelled vertices only"
+            )
+
+
+# --------------------------------------------------------------------------------------
+# Entry point and paths.
+# --------------------------------------------------------------------------------------
+
+
+def load_dataset(cfg: DataConfig) -> NodeDataset:
+    """Load the dataset ``cfg.name`` from local files, never downloading.
+
+    Parameters
+    ----------
+    cfg : DataConfig
+        ``name`` picks the loader; ``root`` (or ``$SCALEGNN_DATA_ROOT``) is where the
+        public datasets lie, ``path`` the file of ``name: dgl``, ``synthetic`` the
+        generator's settings. The layouts are in the module docstring.
+
+    Returns
+    -------
+    NodeDataset
+
+    Raises
+    ------
+    DatasetError
+        If the name is unknown, the root is unset or absent, a file is missing, or the
+        data fail the checks of :func:`dataset_from_graph`.
+    """
+    loader = _LOADERS.get(cfg.name)
+    if loader is None:
+        raise DatasetError(
+            f"data.name: unknown dataset {cfg.name!r}; known datasets are {', '.join(_LOADERS)}"
+        )
+    return loader(cfg)
+
+
+def default_cache_dir() -> Path:
+    """Where staged raw files and DGL's processed caches go.
+
+    Returns
+    -------
+    Path
+        ``$SCALEGNN_CACHE_DIR`` or ``~/.cache/dgl_scalegnn``.
+    """
+    configured = os.environ.get("SCALEGNN_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "dgl_scalegnn"
+
+
+def _data_root(cfg: DataConfig) -> Path:
+    root = cfg.resolved_root()
+    if root is None:
+        raise DatasetError(
+            f"dataset {cfg.name!r} is read from a data root, and none is set; set data.root "
+            "in the config or the SCALEGNN_DATA_ROOT environment variable"
+        )
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise DatasetError(
+            f"dataset {cfg.name!r}: data root {str(path)!r} does not exist; set data.root or "
+            "SCALEGNN_DATA_ROOT to the directory that holds the datasets"
+        )
+    return path
+
+
+def _require_files(name: str, paths: list[Path], fix: str) -> None:
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise DatasetError(f"dataset {name!r}: missing file(s) {', '.join(missing)}; {fix}")
+
+
+# --------------------------------------------------------------------------------------
+# DGL builtin datasets (Planetoid citation graphs, Reddit).
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _DglBuiltin:
+    """How one of DGL's dataset classes names the directory of its raw files."""
+
+    dgl_name: str  #: DGL's name of the dataset, the prefix of its raw directory
+    relative_url: str  #: download URL relative to DGL's repository, hashed into the name
+    dataset_class: Callable[..., dgl.data.DGLDataset]  #: takes ``raw_dir`` and ``verbose``
+
+    def raw_dirname(self) -> str:
+        """``<dgl_name>_<hash>``: what ``DGLDataset.raw_path`` appends to ``raw_dir``."""
+        url = dgl.data.utils._get_dgl_url(self.relative_url)
+        return f"{self.dgl_name}_{hashlib.sha1(url.encode('utf-8')).hexdigest()[:8]}"
+
+
+_DGL_BUILTINS = {
+    "cora": _DglBuiltin("cora_v2", "dataset/cora_v2.zip", dgl.data.CoraGraphDataset),
+    "citeseer": _DglBuiltin("citeseer", "dataset/citeseer.zip", dgl.data.CiteseerGraphDataset),
+    "pubmed": _DglBuiltin("pubmed", "dataset/pubmed.zip", dgl.data.PubmedGraphDataset),
+    "reddit": _DglBuiltin("reddit", "dataset/reddit.zip", dgl.data.RedditDataset),
+}
+
+
+def _load_planetoid(cfg: DataConfig) -> NodeDataset:
+    builtin = _DGL_BUILTINS[cfg.name]
+    source_dir = _data_root(cfg) / "planetoid"
+    files = {
+        f"ind.{builtin.dgl_name}.{part}": source_dir / f"ind.{cfg.name}.{part}"
+        for part in _PLANETOID_PARTS
+    }
+    fix = f"put the Planetoid files ind.{cfg.name}.* (kimiyoung/planetoid) in {source_dir}"
+    return _load_dgl_builtin(cfg.name, builtin, files, fix)
+
+
+def _load_reddit(cfg: DataConfig) -> NodeDataset:
+    source_dir = _data_root(cfg) / "reddit"
+    files = {file: source_dir / file for file in _REDDIT_FILES}
+    fix = f"unzip DGL's reddit.zip (https://data.dgl.ai/dataset/reddit.zip) into {source_dir}"
+    return _load_dgl_builtin(cfg.name, _DGL_BUILTINS["reddit"], files, fix)
+
+
+def _load_dgl_builtin(
+    name: str, builtin: _DglBuiltin, files: dict[str, Path], fix: str
+) -> NodeDataset:
+    """Stage ``files`` (DGL's name -> source path) where ``builtin`` looks, then load.
+
+    DGL downloads only when its raw directory is absent, and staging creates it.
+    """
+    _require_files(name, list(files.values()), fix)
+    raw_dirname = builtin.raw_dirname()
+    raw_dir = _stage_raw_files(name, raw_dirname, files)
+    dataset = builtin.dataset_class(raw_dir=str(raw_dir), verbose=False)
+    source = f"dataset {name!r} ({raw_dir / raw_dirname})"
+    return _to_node_dataset(dataset[0], name, dataset.num_classes, source)
+
+
+def _stage_raw_files(name: str, raw_dirname: str, files: Mapping[str, Path]) -> Path:
+    """Link ``files`` into ``<cache>/<name>/<fingerprint>/<raw_dirname>/``.
+
+    Returns the ``<fingerprint>`` directory, DGL's ``raw_dir``. The directory is built
+    under a temporary name and renamed into place, so concurrent loaders (one per rank)
+    either create it or find it complete.
+    """
+    parent = default_cache_dir() / name
+    staged = parent / _fingerprint(raw_dirname, files)
+    if (staged / raw_dirname).is_dir():
+        return staged
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        building = parent / f".staging-{uuid.uuid4().hex}"
+        (building / raw_dirname).mkdir(parents=True)
+        for target, path in files.items():
+            _link_or_copy(path, building / raw_dirname / target)
+    except OSError as error:
+        raise DatasetError(
+            f"dataset {name!r}: cannot write the cache directory {str(parent)!r} ({error}); "
+            "set SCALEGNN_CACHE_DIR to a writable directory"
+        ) from error
+    try:
+        building.rename(staged)
+    except OSError:  # another process staged it first, or the rename failed
+        shutil.rmtree(building, ignore_errors=True)
+    if not (staged / raw_dirname).is_dir():  # DGL would download into it otherwise
+        raise DatasetError(
+            f"dataset {name!r}: could not create {str(staged / raw_dirname)!r}; "
+            "set SCALEGNN_CACHE_DIR to a writable directory"
+        )
+    return staged
+
+
+def _fingerprint(raw_dirname: str, files: Mapping[str, Path]) -> str:
+    digest = hashlib.sha1(raw_dirname.encode("utf-8"))
+    for target, path in sorted(files.items()):
+        stat = path.stat()
+        digest.update(f"{target}\0{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        target.symlink_to(source.resolve())
+    except OSError:  # no symbolic links on this file system
+        shutil.copyfile(source, target)
+
+
+# --------------------------------------------------------------------------------------
+# OGB node property prediction datasets.
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OgbLayout:
+    """The files ``ogb`` 1.3.6 reads for one ``ogbn-*`` dataset (see ``master.csv``)."""
+
+    raw_files: tuple[str, ...]  #: under ``raw/``, read unless ``processed/`` is there
+    split: str  #: the split directory under ``split/``
+    version: int = 1  #: ``RELEASE_v<version>.txt`` marks a current download
+
+    @property
+    def release_marker(self) -> str:
+        return f"RELEASE_v{self.version}.txt"
+
+
+_OGB_CSV_GRAPH = ("edge.csv.gz", "num-node-list.csv.gz", "num-edge-list.csv.gz", "node-feat.csv.gz")
+
+#: Per ``ogbn-*`` dataset, what :class:`ogb.nodeproppred.DglNodePropPredDataset` reads.
+OGB_LAYOUTS = {
+    "ogbn-arxiv": OgbLayout((*_OGB_CSV_GRAPH, "node_year.csv.gz", "node-label.csv.gz"), "time"),
+    "ogbn-products": OgbLayout((*_OGB_CSV_GRAPH, "node-label.csv.gz"), "sales_ranking"),
+    "ogbn-papers100M": OgbLayout(("data.npz", "node-label.npz"), "time"),
+}
+
+_OGB_PROCESSED = Path("processed") / "dgl_data_processed"
+_OGB_SPLIT_FILES = ("train.csv.gz", "valid.csv.gz", "test.csv.gz")
+_OGB_SPLIT_KEYS = {"train": "train_mask", "valid": "val_mask", "test": "test_mask"}
+
+
+def _load_ogb(cfg: DataConfig) -> NodeDataset:
+    root = _data_root(cfg)
+    dataset_dir = _ogb_dataset_dir(root, cfg.name)
+    _check_ogb_layout(cfg.name, dataset_dir, OGB_LAYOUTS[cfg.name])
+
+    from ogb.nodeproppred import DglNodePropPredDataset
+
+    dataset = DglNodePropPredDataset(name=cfg.name, root=str(root))
+    # OGB may torch.load split/<split>/split_dict.pt, which can hold numpy arrays: since
+    # torch 2.6 that needs numpy allowed for weights_only loading, here and only here.
+    with torch.serialization.safe_globals(_numpy_pickle_globals()):
+        split = dataset.get_idx_split()
+    graph, labels = dataset[0]
+    graph.ndata["label"] = labels
+    graph.ndata.update(_masks_from_split(split, graph.num_nodes()))
+    source = f"dataset {cfg.name!r} ({dataset_dir})"
+    return _to_node_dataset(graph, cfg.name, dataset.num_classes, source)
+
+
+def _ogb_dataset_dir(root: Path, name: str) -> Path:
+    """``<root>/ogbn_<x>``, or ``<root>/ogbn_<x>_dgl`` when present (OGB prefers it)."""
+    plain = root / name.replace("-", "_")
+    suffixed = plain.with_name(plain.name + "_dgl")
+    return suffixed if suffixed.exists() else plain
+
+
+def _check_ogb_layout(name: str, dataset_dir: Path, layout: OgbLayout) -> None:
+    """Refuse every state in which OGB would download or prompt on stdin."""
+    if not dataset_dir.is_dir():
+        raise DatasetError(
+            f"dataset {name!r}: directory {str(dataset_dir)!r} does not exist; unzip OGB's "
+            f"download into {str(dataset_dir.parent)!r} and rename its folder to "
+            f"{dataset_dir.name!r}"
+        )
+    marker = dataset_dir / layout.release_marker
+    _require_files(
+        name,
+        [marker],
+        "without it OGB takes the download for outdated and asks on stdin to replace it; "
+        f"restore {marker.name} from OGB's download",
+    )
+    if not (dataset_dir / _OGB_PROCESSED).is_file():
+        raw = [dataset_dir / "raw" / file for file in layout.raw_files]
+        _require_files(
+            name, raw, "ogb would try to download the dataset; restore them from its zip"
+        )
+        if not os.access(dataset_dir, os.W_OK):
+            raise DatasetError(
+                f"dataset {name!r}: ogb writes {dataset_dir / _OGB_PROCESSED} on the first load "
+                f"and {str(dataset_dir)!r} is not writable; load it once with write access"
+            )
+    split_dir = dataset_dir / "split" / layout.split
+    if not (split_dir / "split_dict.pt").is_file():
+        _require_files(
+            name, [split_dir / file for file in _OGB_SPLIT_FILES], "restore OGB's split files"
+        )
+
+
+def _numpy_pickle_globals() -> list:
+    """What ``torch.load(weights_only=True)`` must allow to rebuild pickled numpy arrays."""
+    reconstruct = np.zeros(0).__reduce__()[0]
+    dtype_classes = [type(np.dtype(code)) for code in "?bhilqBHILQefdg"]
+    return [
+        reconstruct,
+        (reconstruct, "numpy.core.multiarray._reconstruct"),  # as numpy 1.x pickled it
+        np.ndarray,
+        np.dtype,
+        *dtype_classes,
+    ]
+
+
+def _masks_from_split(split: Mapping[str, object], num_nodes: int) -> dict[str, torch.Tensor]:
+    masks = {}
+    for part, key in _OGB_SPLIT_KEYS.items():
+        mask = torch.zeros(num_nodes, dtype=torch.bool)
+        mask[torch.as_tensor(split[part], dtype=torch.int64)] = True
+        masks[key] = mask
+    return masks
+
+
+# --------------------------------------------------------------------------------------
+# Graph files written by dgl.save_graphs, and the synthetic generator.
+# --------------------------------------------------------------------------------------
+
+
+def _load_dgl_file(cfg: DataConfig) -> NodeDataset:
+    if not cfg.path:
+        raise DatasetError(
+            "dataset 'dgl': data.path is unset; give the file written by dgl.save_graphs"
+        )
+    path = Path(cfg.path).expanduser()
+    if not path.is_file():
+        raise DatasetError(
+            f"dataset 'dgl': file {str(path)!r} does not exist; set data.path to a file "
+            "written by dgl.save_graphs(path, [graph])"
+        )
+    try:
+        graphs, saved = dgl.load_graphs(str(path), [0])
+    except Exception as error:  # DGL raises DGLError or assertion errors on a bad file
+        raise DatasetError(
+            f"dataset 'dgl': cannot read {str(path)!r} as a dgl.save_graphs file ({error})"
+        ) from error
+    num_classes = _saved_num_classes(saved, path)
+    return _to_node_dataset(graphs[0], cfg.name, num_classes, f"file {str(path)!r}")
+
+
+def _saved_num_classes(saved: Mapping[str, torch.Tensor], path: Path) -> int | None:
+    """``saved["num_classes"]`` as an int, or None when it was not saved.
+
+    DGL 2.1.0 writes a 0-dim label tensor without its value (it reads back as garbage),
+    so only a one-element 1-D tensor is accepted.
+    """
+    value = saved.get("num_classes")
+    if value is None:
+        return None
+    fix = "save it as a one-element tensor, e.g. {'num_classes': torch.tensor([7])}"
+    if value.dim() != 1 or value.numel() != 1:
+        raise DatasetError(
+            f"file {str(path)!r}: saved label 'num_classes' has shape {tuple(value.shape)} "
+            f"(dgl.save_graphs does not keep 0-dim tensors); {fix}"
+        )
+    num_classes = value.item()
+    if num_classes != int(num_classes) or num_classes < 1:
+        raise DatasetError(f"file {str(path)!r}: saved label 'num_classes' is {num_classes}; {fix}")
+    return int(num_classes)
+
+
+def _load_synthetic(cfg: DataConfig) -> NodeDataset:
+    from dgl_scalegnn.data.synthetic import generate
+
+    return generate(cfg.synthetic)
+
+
+_LOADERS: dict[str, Callable[[DataConfig], NodeDataset]] = {
+    "cora": _load_planetoid,
+    "citeseer": _load_planetoid,
+    "pubmed": _load_planetoid,
+    "ogbn-arxiv": _load_ogb,
+    "ogbn-products": _load_ogb,
+    "ogbn-papers100M": _load_ogb,
+    "reddit": _load_reddit,
+    "dgl": _load_dgl_file,
+    "synthetic": _load_synthetic,
+}

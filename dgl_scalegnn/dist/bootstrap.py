@@ -1,0 +1,110 @@
+"""Process bootstrap: who launched us, which rank we are, and torch.distributed start-up.
+
+Ranks come from MPI (mpi4py) when launched by ``mpirun``/``srun``, from torchrun's
+environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...), or the process is alone.
+Under MPI, rank 0 picks the rendezvous address and a free port and broadcasts them
+with mpi4py; torch.distributed then carries all the data. The backend is NCCL on
+CUDA and gloo on CPU, from one code path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["LaunchInfo", "detect_launch", "init_distributed", "resolve_backend", "device_for"]
+
+_MPI_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """This process's rank, the world size, its rank on the node, and the launcher."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str  # "mpi", "torchrun" or "single"
+
+
+def _launched_by_mpi() -> bool:
+    if any(int(os.environ.get(name, "1")) > 1 for name in _MPI_SIZE_VARIABLES):
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+
+
+def detect_launch() -> LaunchInfo:
+    """Work out how this process was started, without starting any communication."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return LaunchInfo(
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            launcher="torchrun",
+        )
+    if _launched_by_mpi():
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        info = LaunchInfo(comm.Get_rank(), comm.Get_size(), local.Get_rank(), "mpi")
+        local.Free()
+        return info
+    return LaunchInfo(rank=0, world_size=1, local_rank=0, launcher="single")
+
+
+def resolve_backend(requested: str) -> str:
+    """``auto`` gives NCCL when CUDA is available and gloo otherwise."""
+    if requested == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if requested == "nccl" and not torch.cuda.is_available():
+        raise RuntimeError("parallel.backend is 'nccl' but CUDA is not available; use gloo or auto")
+    return requested
+
+
+def device_for(info: LaunchInfo, backend: str) -> torch.device:
+    """One GPU per rank (by node-local rank) with NCCL, the CPU with gloo."""
+    if backend == "nccl":
+        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _share_rendezvous_over_mpi() -> None:
+    """Rank 0's address and a free port, broadcast to every rank (unless already set)."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    proposal = None
+    if comm.Get_rank() == 0:
+        address = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        proposal = (address, os.environ.get("MASTER_PORT") or str(_free_port()))
+    address, port = comm.bcast(proposal, root=0)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, port
+
+
+def init_distributed(info: LaunchInfo, backend: str, timeout_s: float) -> None:
+    """Start torch.distributed for a multi-process launch; a single process needs nothing."""
+    if info.world_size == 1 or dist.is_initialized():
+        return
+    if info.launcher == "mpi":
+        _share_rendezvous_over_mpi()
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )

@@ -1,0 +1,144 @@
+"""Collectives of the 4D grid: eager helpers and the redistribution autograd function.
+
+Each collective takes the group by role (a :class:`~dgl_scalegnn.dist.grid.CommGroup`),
+skips the call when the group has one member, charges its time and payload bytes to a
+:class:`~dgl_scalegnn.profiling.Profiler`, and can cast a float32 payload to bfloat16
+for the wire (the 3D PMM collectives only; statistics stay float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dgl_scalegnn.dist.grid import CommGroup, Grid4D
+from dgl_scalegnn.profiling import Profiler
+
+__all__ = [
+    "CommOptions",
+    "Runtime",
+    "PendingReduce",
+    "all_reduce",
+    "start_all_reduce",
+    "all_to_all",
+]
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    """Switches of the communication optimisations.
+
+    ``bf16``: 3D PMM all-reduces travel as bfloat16. ``overlap``: in backward, the
+    input-gradient and weight-gradient all-reduces of a linear run asynchronously on
+    their orthogonal groups while the other gradient is computed.
+    """
+
+    bf16: bool = False
+    overlap: bool = False
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a parallel operator needs beyond its tensors: the grid, switches, profiler."""
+
+    grid: Grid4D
+    options: CommOptions
+    profiler: Profiler
+
+    @classmethod
+    def single_process(cls) -> Runtime:
+        return cls(Grid4D.single_process(), CommOptions(), Profiler(enabled=False))
+
+
+class PendingReduce:
+    """An all-reduce in flight; :meth:`wait` returns the reduced tensor."""
+
+    def __init__(
+        self,
+        result: torch.Tensor,
+        wire: torch.Tensor,
+        work: dist.Work | None,
+        profiler: Profiler,
+        component: str,
+    ) -> None:
+        self._result, self._wire, self._work = result, wire, work
+        self._profiler, self._component = profiler, component
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            with self._profiler.region(self._component):
+                self._work.wait()
+            self._work = None
+        if self._wire is not self._result:
+            self._result.copy_(self._wire)
+            self._wire = self._result
+        return self._result
+
+
+def start_all_reduce(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    profiler: Profiler,
+    *,
+    component: str = "tp_allreduce",
+    low_precision: bool = False,
+    async_op: bool = False,
+    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+) -> PendingReduce:
+    """Start an in-place all-reduce of ``tensor`` over ``group``."""
+    if group.handle is None:
+        return PendingReduce(tensor, tensor, None, profiler, component)
+    wire = tensor
+    if low_precision and tensor.dtype == torch.float32:
+        wire = tensor.to(torch.bfloat16)
+    profiler.add_bytes(group.kind, wire.numel() * wire.element_size())
+    with profiler.region(component):
+        work = dist.all_reduce(wire, op=op, group=group.handle, async_op=async_op)
+    return PendingReduce(tensor, wire, work if async_op else None, profiler, component)
+
+
+def all_reduce(
+    tensor: torch.Tensor,
+    group: CommGroup,
+    profiler: Profiler,
+    *,
+    component: str = "tp_allreduce",
+    low_precision: bool = False,
+    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+) -> torch.Tensor:
+    """All-reduce ``tensor`` in place over ``group`` and return it."""
+    return start_all_reduce(
+        tensor, group, profiler, component=component, low_precision=low_precision, op=op
+    ).wait()
+
+
+def all_to_all(
+    chunks: list[torch.Tensor],
+    receive_numels: list[int],
+    group: CommGroup,
+    profiler: Profiler,
+    *,
+    component: str = "redistribute",
+) -> list[torch.Tensor]:
+    """Send ``chunks[i]`` (flattened) to member ``i`` of ``group``; receive flat chunks.
+
+    Returns the received chunks, ``receive_numels[i]`` elements from member ``i``.
+    """
+    if group.handle is None:
+        return [chunks[0].reshape(-1)]
+    reference = next((c for c in chunks if c.numel()), chunks[0])
+    send = torch.cat([c.reshape(-1) for c in chunks]).to(reference.dtype)
+    receive = send.new_empty(sum(receive_numels))
+    sent_elsewhere = send.numel() - chunks[group.index].numel()
+    profiler.add_bytes(group.kind, sent_elsewhere * send.element_size())
+    with profiler.region(component):
+        dist.all_to_all_single(
+            receive,
+            send,
+            output_split_sizes=list(receive_numels),
+            input_split_sizes=[c.numel() for c in chunks],
+            group=group.handle,
+        )
+    return list(torch.split(receive, list(receive_numels)))

@@ -1,0 +1,110 @@
+"""ScaleGNN on one process with DGL message passing: the oracle of the parallel model,
+and a module DGL users can train in a plain loop with
+:class:`~dgl_scalegnn.sampling.uniform.UniformVertexSampler`.
+
+.. math::
+
+    X_{h,0} = X W_{in}, \\qquad
+    X_{h,l} = \\mathrm{Dropout}(\\mathrm{ReLU}(\\mathrm{RMSNorm}(A X_{h,l-1} W_l))) + X_{h,l-1},
+    \\qquad O = X_{h,L} W_{out}
+
+with :math:`A` the weighted adjacency in ``graph.edata[weight]`` (aggregation over
+in-edges). Parameters are initialised exactly as the parallel model's global tensors and
+dropout uses the same hashed masks, so both compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.model.scalegnn import init_global_parameter, parameter_shards
+from dgl_scalegnn.parallel.ops import dropout_mask
+from dgl_scalegnn.sampling.uniform import mix_seed
+
+__all__ = ["ScaleGNN"]
+
+
+class ScaleGNN(nn.Module):
+    """Single-process ScaleGNN.
+
+    Parameters
+    ----------
+    cfg : ModelConfig
+        Hidden size, layers, dropout, norm/residual switches, RMSNorm epsilon.
+    in_features, num_classes : int
+        :math:`d_{in}`, :math:`d_{out}`.
+    seed : int
+        Initialisation and dropout seed (as in the parallel model).
+
+    Shapes
+    ------
+    graph: ``N`` vertices with ``edata[weight]`` ``(E,)``; ``features`` ``(N, d_in)``;
+    output ``(N, d_out)`` logits.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from dgl_scalegnn._dgl import dgl
+    >>> from dgl_scalegnn.config import ModelConfig
+    >>> from dgl_scalegnn.sampling.uniform import gcn_norm_graph
+    >>> g = gcn_norm_graph(dgl.rand_graph(10, 30))
+    >>> model = ScaleGNN(ModelConfig(hidden=8, layers=2), in_features=4, num_classes=3, seed=0)
+    >>> model(g, torch.randn(10, 4)).shape
+    torch.Size([10, 3])
+    """
+
+    def __init__(self, cfg: ModelConfig, *, in_features: int, num_classes: int, seed: int) -> None:
+        super().__init__()
+        self.cfg, self.seed = cfg, seed
+        self.params = nn.ParameterDict(
+            {
+                name: nn.Parameter(init_global_parameter(name, shard.global_shape, seed))
+                for name, shard in parameter_shards(cfg, in_features, num_classes).items()
+            }
+        )
+
+    def conv(
+        self, graph: dgl.DGLGraph, features: torch.Tensor, layer: int, weight: str
+    ) -> torch.Tensor:
+        """GCN convolution :math:`A X W_l` (SpMM then GEMM)."""
+        aggregated = dgl.ops.u_mul_e_sum(graph, features, graph.edata[weight].to(features.dtype))
+        return aggregated @ self.params[f"layer{layer}_weight"]
+
+    def rms_norm(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        inv_rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.cfg.rms_eps)
+        return x * inv_rms * self.params[f"layer{layer}_gain"]
+
+    def forward(
+        self,
+        graph: dgl.DGLGraph,
+        features: torch.Tensor,
+        *,
+        vertex_ids: torch.Tensor | None = None,
+        step: int = 0,
+        weight: str = "w",
+    ) -> torch.Tensor:
+        """Logits of every vertex of ``graph``.
+
+        ``vertex_ids`` are the global ids of the graph's vertices (``dgl.NID`` of a
+        sampled subgraph); with ``step`` they key the dropout masks as in the parallel
+        model. They default to ``graph.ndata[dgl.NID]`` or ``arange(N)``.
+        """
+        cfg = self.cfg
+        if vertex_ids is None:
+            vertex_ids = graph.ndata.get(dgl.NID, torch.arange(graph.num_nodes()))
+        hidden = features @ self.params["input_proj"]
+        for layer in range(cfg.layers):
+            out = self.conv(graph, hidden, layer, weight)
+            if cfg.norm:
+                out = self.rms_norm(out, layer)
+            out = torch.relu(out)
+            if self.training and cfg.dropout > 0:
+                keep = dropout_mask(
+                    mix_seed(self.seed, step, layer), vertex_ids, 0, out.shape[1], cfg.dropout
+                )
+                out = out * keep.to(out.dtype) / (1.0 - cfg.dropout)
+            hidden = out + hidden if cfg.residual else out
+        return hidden @ self.params["head"]

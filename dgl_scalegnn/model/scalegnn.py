@@ -1,0 +1,268 @@
+"""The ScaleGNN model distributed by 3D PMM: one implementation for every grid shape.
+
+.. math::
+
+    X_{h,0} = X_S W_{in}, \\qquad
+    X_{h,l} = \\mathrm{Dropout}(\\mathrm{ReLU}(\\mathrm{RMSNorm}(\\tilde A_S X_{h,l-1} W_l)))
+              + X_{h,l-1}, \\qquad
+    O = X_{h,L} W_{out}
+
+Input features arrive in state ``(x, z, y)``; the projection gives ``(x, y, z)``; layer
+``l`` maps ``(r, c, o)`` to ``(o, r, c)`` and reads the adjacency shard of plane
+``(o, r)``, so the planes repeat with period three. Parameters are initialised from the
+seed and their *global* shape and then sliced, and dropout masks hash global
+coordinates: the same run gives the same numbers on any grid (up to reduction order).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.dist.comm import Runtime, all_reduce
+from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Layout, Plane, block_range
+from dgl_scalegnn.parallel.ops import (
+    dropout_mask,
+    parallel_argmax,
+    parallel_bce,
+    parallel_cross_entropy,
+    parallel_linear,
+    parallel_rms_norm,
+    parallel_spmm,
+    redistribute,
+)
+from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
+from dgl_scalegnn.parallel.spmm import LocalSpMM
+from dgl_scalegnn.sampling.uniform import mix_seed
+
+__all__ = [
+    "ParamShard",
+    "RankBatch",
+    "ParallelScaleGNN",
+    "layer_layouts",
+    "adjacency_planes",
+    "logits_layout",
+    "init_global_parameter",
+    "parameter_shards",
+]
+
+
+@dataclass(frozen=True)
+class ParamShard:
+    """How a parameter is split: its global shape and the grid axis of each dimension.
+
+    The parameter is replicated along the axes it does not name.
+    """
+
+    global_shape: tuple[int, ...]
+    axes: tuple[Axis, ...]
+
+    def local_slices(self, shape: GridShape, coords: Coords) -> tuple[slice, ...]:
+        slices = []
+        for size, axis in zip(self.global_shape, self.axes):
+            start, stop = block_range(size, shape.size(axis), coords.along(axis))
+            slices.append(slice(start, stop))
+        return tuple(slices)
+
+
+@dataclass(frozen=True)
+class RankBatch:
+    """One rank's share of a mini-batch (or of the full graph for evaluation).
+
+    ``features``: rows of the batch along X, input columns of part Z (state ``(x,z,y)``).
+    ``labels``/``masks``: rows along the logits' row axis. ``adjacency``: one local
+    SpMM per plane the model uses. ``step`` keys the dropout masks.
+    """
+
+    step: int
+    rows: RowPartition
+    adjacency: Mapping[Plane, LocalSpMM]
+    features: torch.Tensor
+    labels: torch.Tensor
+    masks: Mapping[str, torch.Tensor]
+
+
+def layer_layouts(num_layers: int) -> list[Layout]:
+    """Input state of each GCN layer; index ``num_layers`` is the state the head reads."""
+    states = [INPUT_LAYOUT.after_linear()]
+    for _ in range(num_layers):
+        states.append(states[-1].after_gcn_layer())
+    return states
+
+
+def adjacency_planes(num_layers: int) -> list[Plane]:
+    """The distinct adjacency planes a model of ``num_layers`` layers reads (at most 3)."""
+    planes: list[Plane] = []
+    for state in layer_layouts(num_layers)[:num_layers]:
+        if state.spmm_plane() not in planes:
+            planes.append(state.spmm_plane())
+    return planes
+
+
+def logits_layout(num_layers: int) -> Layout:
+    """State of the logits: rows along the last state's rows, classes along its rep."""
+    return layer_layouts(num_layers)[-1].after_linear()
+
+
+def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> dict[str, ParamShard]:
+    """Global shape and split of every parameter, by name."""
+    states = layer_layouts(cfg.layers)
+    shards = {
+        "input_proj": ParamShard((in_features, cfg.hidden), (INPUT_LAYOUT.cols, INPUT_LAYOUT.rep))
+    }
+    for index, state in enumerate(states[: cfg.layers]):
+        aggregated = state.after_spmm()
+        shards[f"layer{index}_weight"] = ParamShard(
+            (cfg.hidden, cfg.hidden), (aggregated.cols, aggregated.rep)
+        )
+        if cfg.norm:
+            shards[f"layer{index}_gain"] = ParamShard((cfg.hidden,), (aggregated.rep,))
+    last = states[-1]
+    shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
+    return shards
+
+
+def init_global_parameter(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The full parameter ``name``: Glorot-uniform weights, unit gains, from ``seed``."""
+    if len(shape) == 1:
+        return torch.ones(shape)
+    generator = torch.Generator().manual_seed(mix_seed(seed, zlib.crc32(name.encode())))
+    bound = (6.0 / (shape[0] + shape[1])) ** 0.5
+    return (torch.rand(shape, generator=generator) * 2 - 1) * bound
+
+
+class ParallelScaleGNN(nn.Module):
+    """ScaleGNN on the 4D grid; parameters are this rank's shards.
+
+    Parameters
+    ----------
+    cfg : ModelConfig
+        Hidden size :math:`d_h`, layers :math:`L`, dropout rate, norm/residual switches.
+    in_features, num_classes : int
+        :math:`d_{in}` and :math:`d_{out}`.
+    runtime : Runtime
+        Grid, communication switches and profiler.
+    seed : int
+        Initialisation and dropout seed.
+    multilabel : bool
+        Binary cross-entropy over classes instead of cross-entropy.
+
+    Examples
+    --------
+    >>> from dgl_scalegnn.config import ModelConfig
+    >>> from dgl_scalegnn.dist.comm import Runtime
+    >>> model = ParallelScaleGNN(ModelConfig(hidden=8, layers=2), in_features=5,
+    ...                          num_classes=3, runtime=Runtime.single_process(), seed=0)
+    >>> sorted(model.shards)
+    ['head', 'input_proj', 'layer0_gain', 'layer0_weight', 'layer1_gain', 'layer1_weight']
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        in_features: int,
+        num_classes: int,
+        runtime: Runtime,
+        seed: int,
+        multilabel: bool = False,
+    ) -> None:
+        super().__init__()
+        self.cfg, self.runtime, self.seed = cfg, runtime, seed
+        self.in_features, self.num_classes, self.multilabel = in_features, num_classes, multilabel
+        self.shards = parameter_shards(cfg, in_features, num_classes)
+        grid = runtime.grid
+        self.params = nn.ParameterDict()
+        for name, shard in self.shards.items():
+            full = init_global_parameter(name, shard.global_shape, seed)
+            local = full[shard.local_slices(grid.shape, grid.coords)].contiguous()
+            self.params[name] = nn.Parameter(local)
+        self.layouts = layer_layouts(cfg.layers)
+
+    def forward(self, batch: RankBatch, training: bool = True) -> tuple[torch.Tensor, ShardSpec]:
+        """Logits shard and its spec (classes split along the logits' column axis)."""
+        cfg, runtime = self.cfg, self.runtime
+        spec = ShardSpec(INPUT_LAYOUT, batch.rows, self.in_features)
+        hidden, spec = parallel_linear(
+            batch.features, self.params["input_proj"], spec, cfg.hidden, runtime
+        )
+        for index in range(cfg.layers):
+            layer_input, input_spec = hidden, spec
+            adjacency = batch.adjacency[spec.layout.spmm_plane()]
+            hidden, spec = parallel_spmm(hidden, adjacency, spec, runtime)
+            hidden, spec = parallel_linear(
+                hidden, self.params[f"layer{index}_weight"], spec, cfg.hidden, runtime
+            )
+            if cfg.norm:
+                hidden = parallel_rms_norm(
+                    hidden, self.params[f"layer{index}_gain"], spec, cfg.rms_eps, runtime
+                )
+            hidden = self._activation(hidden, spec, batch.step, index, training)
+            if cfg.residual:
+                hidden = hidden + redistribute(layer_input, input_spec, spec.layout, runtime)
+        return parallel_linear(hidden, self.params["head"], spec, self.num_classes, runtime)
+
+    def _activation(
+        self, hidden: torch.Tensor, spec: ShardSpec, step: int, layer: int, training: bool
+    ) -> torch.Tensor:
+        rate = self.cfg.dropout
+        grid = self.runtime.grid
+        with self.runtime.profiler.region("elementwise"):
+            hidden = torch.relu(hidden)
+            if training and rate > 0:
+                row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
+                col_start, col_stop = spec.col_range(grid.shape, grid.coords)
+                keep = dropout_mask(
+                    mix_seed(self.seed, step, layer), row_ids, col_start, col_stop - col_start, rate
+                )
+                hidden = hidden * keep.to(hidden.dtype) * (1.0 / (1.0 - rate))
+        return hidden
+
+    def loss(
+        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch, split: str = "train"
+    ) -> torch.Tensor:
+        """Mean loss over the batch rows labelled for ``split`` (same value on every rank)."""
+        mask = batch.masks[split]
+        if self.multilabel:
+            class_start, class_stop = spec.col_range(
+                self.runtime.grid.shape, self.runtime.grid.coords
+            )
+            targets = batch.labels[:, class_start:class_stop]
+            return parallel_bce(logits, targets, mask, spec, self.runtime)
+        return parallel_cross_entropy(logits, batch.labels, mask, spec, self.runtime)
+
+    @torch.no_grad()
+    def accuracy_counts(
+        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch
+    ) -> dict[str, tuple[float, float]]:
+        """Per split, (correct, total) summed over the group (micro-F1 terms if multi-label)."""
+        grid, profiler = self.runtime.grid, self.runtime.profiler
+        splits = sorted(batch.masks)
+        if self.multilabel:
+            class_start, class_stop = spec.col_range(grid.shape, grid.coords)
+            predicted = logits > 0
+            truth = batch.labels[:, class_start:class_stop] > 0.5
+            rows = []
+            for split in splits:
+                mask = batch.masks[split].unsqueeze(1)
+                true_pos = (predicted & truth & mask).sum()
+                false_any = ((predicted ^ truth) & mask).sum()
+                rows.append(torch.stack((2 * true_pos, 2 * true_pos + false_any)))
+            counts = all_reduce(torch.stack(rows).double(), grid.group(spec.layout.cols), profiler)
+        else:
+            predicted = parallel_argmax(logits, spec, self.runtime)
+            correct = predicted == batch.labels
+            counts = torch.stack(
+                [
+                    torch.stack(((correct & batch.masks[s]).sum(), batch.masks[s].sum()))
+                    for s in splits
+                ]
+            ).double()
+        counts = all_reduce(counts, grid.group(spec.layout.rows), profiler)
+        return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, counts)}

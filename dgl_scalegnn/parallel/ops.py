@@ -1,0 +1,456 @@
+"""Parallel operators of a GCN layer under 3D PMM, each an autograd function.
+
+Every operator takes the local shard of a matrix in a :class:`Layout` ``(a, b, e)``
+and writes its forward and backward side by side. Notation: ``group(a)`` is the group
+of ranks that differ only along grid axis ``a``.
+
+=================  ==========================  =====================================
+operator           forward                     backward
+=================  ==========================  =====================================
+linear  X W        all-reduce group(b)         dX: all-reduce group(e);
+                                               dW: all-reduce group(a)
+SpMM    A F        all-reduce group(a)         dF: all-reduce group(e)
+RMSNorm            sum of squares, group(b)    row sums, group(b); d gain, group(a)
+redistribute       all-to-all over the TP grid the reverse all-to-all
+cross-entropy      max/sum-exp over group(b),  local
+                   loss over group(a)
+=================  ==========================  =====================================
+
+Gradients of replicated tensors are kept complete on every replica.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dgl_scalegnn.dist.comm import Runtime, all_reduce, all_to_all, start_all_reduce
+from dgl_scalegnn.parallel.layout import Layout
+from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.parallel.spmm import LocalSpMM
+
+__all__ = [
+    "parallel_linear",
+    "parallel_spmm",
+    "parallel_rms_norm",
+    "redistribute",
+    "parallel_cross_entropy",
+    "parallel_bce",
+    "parallel_argmax",
+    "dropout_mask",
+    "hash32",
+]
+
+
+# --------------------------------------------------------------------------- linear
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, runtime: Runtime, layout: Layout):
+        ctx.save_for_backward(x, weight)
+        ctx.runtime, ctx.layout = runtime, layout
+        with runtime.profiler.region("gemm"):
+            y = x @ weight
+        grid = runtime.grid
+        return all_reduce(
+            y, grid.group(layout.cols), runtime.profiler, low_precision=runtime.options.bf16
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        runtime, layout = ctx.runtime, ctx.layout
+        grid, profiler, options = runtime.grid, runtime.profiler, runtime.options
+        grad = grad.contiguous()
+        with profiler.region("gemm"):
+            grad_x = grad @ weight.t()
+        # dX (over rep) and dW (over rows) reduce on orthogonal groups: with overlap on,
+        # dX is in flight while dW is computed, and both are in flight together.
+        pending_x = start_all_reduce(
+            grad_x,
+            grid.group(layout.rep),
+            profiler,
+            low_precision=options.bf16,
+            async_op=options.overlap,
+        )
+        if not options.overlap:
+            pending_x.wait()
+        with profiler.region("gemm"):
+            grad_w = x.t() @ grad
+        pending_w = start_all_reduce(
+            grad_w, grid.group(layout.rows), profiler, async_op=options.overlap
+        )
+        return pending_x.wait(), pending_w.wait(), None, None
+
+
+def parallel_linear(
+    x: torch.Tensor, weight: torch.Tensor, spec: ShardSpec, out_width: int, runtime: Runtime
+) -> tuple[torch.Tensor, ShardSpec]:
+    """:math:`Y = X W` with ``X`` in state ``(a, b, e)``; forward: all-reduce over ``b``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Local shard ``(rows of part a, cols of part b)`` of ``X`` (global ``(B, D_in)``).
+    weight : torch.Tensor
+        Local shard ``(D_in part b, D_out part e)`` of ``W``, replicated along ``a``.
+    spec : ShardSpec
+        State and rows of ``X``.
+    out_width : int
+        ``D_out``.
+
+    Returns
+    -------
+    (torch.Tensor, ShardSpec)
+        The shard of ``Y`` in state ``(a, e, b)``.
+    """
+    return _LinearFn.apply(x, weight, runtime, spec.layout), spec.with_layout(
+        spec.layout.after_linear(), out_width
+    )
+
+
+# ----------------------------------------------------------------------------- SpMM
+class _SpMMFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, features: torch.Tensor, adjacency: LocalSpMM, runtime: Runtime, layout: Layout
+    ):
+        ctx.adjacency, ctx.runtime, ctx.layout = adjacency, runtime, layout
+        with runtime.profiler.region("spmm"):
+            out = adjacency.matmul(features.contiguous())
+        return all_reduce(
+            out,
+            runtime.grid.group(layout.rows),
+            runtime.profiler,
+            low_precision=runtime.options.bf16,
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        runtime, layout = ctx.runtime, ctx.layout
+        with runtime.profiler.region("spmm"):
+            grad_features = ctx.adjacency.matmul_t(grad.contiguous())
+        grad_features = all_reduce(
+            grad_features,
+            runtime.grid.group(layout.rep),
+            runtime.profiler,
+            low_precision=runtime.options.bf16,
+        )
+        return grad_features, None, None, None
+
+
+def parallel_spmm(
+    features: torch.Tensor, adjacency: LocalSpMM, spec: ShardSpec, runtime: Runtime
+) -> tuple[torch.Tensor, ShardSpec]:
+    """:math:`H = \\tilde A F` with ``F`` in state ``(a, b, e)``; forward: all-reduce over ``a``.
+
+    The adjacency block must have rows split along ``e`` and columns along ``a`` (the
+    plane of this layer); the result is in state ``(e, b, a)``.
+    """
+    if adjacency.num_cols != features.shape[0]:
+        raise RuntimeError(
+            f"SpMM: adjacency block has {adjacency.num_cols} columns but the features shard "
+            f"has {features.shape[0]} rows (state {spec.layout})"
+        )
+    return _SpMMFn.apply(features, adjacency, runtime, spec.layout), spec.with_layout(
+        spec.layout.after_spmm()
+    )
+
+
+# -------------------------------------------------------------------------- RMSNorm
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        gain: torch.Tensor,
+        runtime: Runtime,
+        layout: Layout,
+        width: int,
+        eps: float,
+    ):
+        profiler, grid = runtime.profiler, runtime.grid
+        with profiler.region("elementwise"):
+            square_sum = (x * x).sum(dim=1, keepdim=True)
+        # Statistics stay float32 even when PMM traffic is bfloat16.
+        square_sum = all_reduce(square_sum, grid.group(layout.cols), profiler)
+        with profiler.region("elementwise"):
+            inv_rms = torch.rsqrt(square_sum / width + eps)
+            y = x * inv_rms * gain
+        ctx.save_for_backward(x, gain, inv_rms)
+        ctx.runtime, ctx.layout, ctx.width = runtime, layout, width
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        x, gain, inv_rms = ctx.saved_tensors
+        runtime, layout = ctx.runtime, ctx.layout
+        profiler, grid = runtime.profiler, runtime.grid
+        with profiler.region("elementwise"):
+            scaled = grad * gain
+            row_dot = (scaled * x).sum(dim=1, keepdim=True)
+            grad_gain = (grad * x * inv_rms).sum(dim=0)
+        row_dot = all_reduce(row_dot, grid.group(layout.cols), profiler)
+        with profiler.region("elementwise"):
+            grad_x = inv_rms * scaled - x * (inv_rms.pow(3) * row_dot / ctx.width)
+        grad_gain = all_reduce(grad_gain, grid.group(layout.rows), profiler)
+        return grad_x, grad_gain, None, None, None, None
+
+
+def parallel_rms_norm(
+    x: torch.Tensor, gain: torch.Tensor, spec: ShardSpec, eps: float, runtime: Runtime
+) -> torch.Tensor:
+    """:math:`y = x / \\sqrt{\\mathrm{mean}_j x_j^2 + \\epsilon} \\odot \\gamma` per global row.
+
+    ``x`` in state ``(a, b, e)``: the sum of squares of the local columns is all-reduced
+    over ``b`` (float32); ``gain`` holds the ``b`` part of :math:`\\gamma`.
+    """
+    return _RMSNormFn.apply(x, gain, runtime, spec.layout, spec.num_cols, eps)
+
+
+# ---------------------------------------------------------------------- redistribute
+def _block_bounds(spec: ShardSpec, runtime: Runtime, rank: int) -> tuple[int, int, int, int]:
+    coords = runtime.grid.shape.coords(rank)
+    r0, r1 = spec.row_range(coords)
+    c0, c1 = spec.col_range(runtime.grid.shape, coords)
+    return r0, r1, c0, c1
+
+
+def _exchange(x: torch.Tensor, src: ShardSpec, dst: ShardSpec, runtime: Runtime) -> torch.Tensor:
+    """Move a matrix from state ``src`` to ``dst`` with one all-to-all over the TP grid.
+
+    The destination's block comes from the sources that share its coordinate along the
+    source's replication axis; each sends the overlap of its block with the
+    destination's.
+    """
+    grid = runtime.grid
+    group = grid.tp_group
+    me = grid.rank
+    my_src = _block_bounds(src, runtime, me)
+    my_dst = _block_bounds(dst, runtime, me)
+    rep = src.layout.rep
+    chunks, incoming = [], []
+    for peer in group.ranks:
+        peer_coords = grid.shape.coords(peer)
+        peer_dst = _block_bounds(dst, runtime, peer)
+        if peer_coords.along(rep) == grid.coords.along(rep):
+            overlap = _intersect(my_src, peer_dst)
+            chunks.append(
+                x[
+                    overlap[0] - my_src[0] : overlap[1] - my_src[0],
+                    overlap[2] - my_src[2] : overlap[3] - my_src[2],
+                ]
+            )
+        else:
+            chunks.append(x.new_empty(0))
+        peer_src = _block_bounds(src, runtime, peer)
+        incoming.append(
+            _intersect(peer_src, my_dst)
+            if peer_coords.along(rep) == grid.coords.along(rep)
+            else None
+        )
+    numels = [0 if box is None else (box[1] - box[0]) * (box[3] - box[2]) for box in incoming]
+    received = all_to_all(chunks, numels, group, runtime.profiler)
+    out = x.new_empty(my_dst[1] - my_dst[0], my_dst[3] - my_dst[2])
+    for box, flat in zip(incoming, received):
+        if box is None or flat.numel() == 0:
+            continue
+        out[box[0] - my_dst[0] : box[1] - my_dst[0], box[2] - my_dst[2] : box[3] - my_dst[2]] = (
+            flat.view(box[1] - box[0], box[3] - box[2])
+        )
+    return out
+
+
+def _intersect(
+    a: tuple[int, int, int, int], b: tuple[int, int, int, int]
+) -> tuple[int, int, int, int]:
+    r0, r1 = max(a[0], b[0]), min(a[1], b[1])
+    c0, c1 = max(a[2], b[2]), min(a[3], b[3])
+    return r0, max(r0, r1), c0, max(c0, c1)
+
+
+class _RedistributeFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, src: ShardSpec, dst: ShardSpec, runtime: Runtime):
+        ctx.src, ctx.dst, ctx.runtime = src, dst, runtime
+        return _exchange(x, src, dst, runtime)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        return _exchange(grad.contiguous(), ctx.dst, ctx.src, ctx.runtime), None, None, None
+
+
+def redistribute(x: torch.Tensor, src: ShardSpec, layout: Layout, runtime: Runtime) -> torch.Tensor:
+    """Move ``x`` from ``src`` to state ``layout``; forward: all-to-all, backward: the reverse.
+
+    Works for uneven splits of rows (vertex ranges) and columns; a no-op when the
+    layouts agree.
+    """
+    if src.layout == layout:
+        return x
+    return _RedistributeFn.apply(x, src, src.with_layout(layout), runtime)
+
+
+# ---------------------------------------------------------------------------- losses
+class _CrossEntropyFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        runtime: Runtime,
+        layout: Layout,
+        class_start: int,
+    ):
+        profiler, grid = runtime.profiler, runtime.grid
+        class_group, row_group = grid.group(layout.cols), grid.group(layout.rows)
+        logits = logits.float()
+        with profiler.region("elementwise"):
+            row_max = (
+                logits.max(dim=1, keepdim=True).values
+                if logits.shape[1]
+                else logits.new_full((logits.shape[0], 1), -torch.inf)
+            )
+        row_max = all_reduce(row_max, class_group, profiler, op=dist.ReduceOp.MAX)
+        with profiler.region("elementwise"):
+            shifted = logits - row_max
+            exp = shifted.exp()
+            local_class = labels - class_start
+            owned = (local_class >= 0) & (local_class < logits.shape[1])
+            target = torch.zeros_like(row_max)
+            rows = owned.nonzero().squeeze(1)
+            target[rows, 0] = shifted[rows, local_class[rows]]
+            stats = torch.cat((exp.sum(dim=1, keepdim=True), target), dim=1)
+        stats = all_reduce(stats, class_group, profiler)
+        with profiler.region("elementwise"):
+            row_loss = stats[:, 0].log() - stats[:, 1]
+            totals = torch.stack((row_loss[mask].sum(), mask.sum().to(row_loss.dtype)))
+        totals = all_reduce(totals, row_group, profiler)
+        count = totals[1].clamp(min=1.0)
+        ctx.save_for_backward(exp, stats[:, :1], rows, local_class, mask)
+        ctx.count = count
+        return totals[0] / count
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        exp, sum_exp, rows, local_class, mask = ctx.saved_tensors
+        grad_logits = exp / sum_exp
+        grad_logits[rows, local_class[rows]] -= 1.0
+        grad_logits *= mask.unsqueeze(1).to(grad_logits.dtype) * (grad / ctx.count)
+        return grad_logits, None, None, None, None, None
+
+
+def parallel_cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    spec: ShardSpec,
+    runtime: Runtime,
+) -> torch.Tensor:
+    """Mean cross-entropy over the labelled rows, with classes split along an axis.
+
+    ``logits`` in state ``(a, b, e)`` (classes split along ``b``): the row maximum and
+    the sum of exponentials are all-reduced over ``b`` in float32, the loss summed over
+    local labelled rows and all-reduced over ``a``, then divided by the global count of
+    labelled rows. ``labels`` ``(rows,)`` global class ids, ``mask`` ``(rows,)`` bool.
+    A batch without labelled rows gives loss 0 and zero gradients.
+    """
+    class_start, _ = spec.col_range(runtime.grid.shape, runtime.grid.coords)
+    return _CrossEntropyFn.apply(logits, labels, mask, runtime, spec.layout, class_start)
+
+
+class _BCEFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        mask: torch.Tensor,
+        runtime: Runtime,
+        layout: Layout,
+        num_classes: int,
+    ):
+        profiler, grid = runtime.profiler, runtime.grid
+        logits = logits.float()
+        with profiler.region("elementwise"):
+            per_entry = torch.nn.functional.binary_cross_entropy_with_logits(
+                logits, targets, reduction="none"
+            )
+            local = per_entry[mask].sum()
+        local = all_reduce(local.reshape(1), grid.group(layout.cols), profiler)
+        totals = torch.cat((local, mask.sum().to(local.dtype).reshape(1)))
+        totals = all_reduce(totals, grid.group(layout.rows), profiler)
+        denominator = totals[1].clamp(min=1.0) * num_classes
+        ctx.save_for_backward(logits, targets, mask)
+        ctx.denominator = denominator
+        return totals[0] / denominator
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        logits, targets, mask = ctx.saved_tensors
+        grad_logits = (torch.sigmoid(logits) - targets) * mask.unsqueeze(1).to(logits.dtype)
+        return grad_logits * (grad / ctx.denominator), None, None, None, None, None
+
+
+def parallel_bce(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    spec: ShardSpec,
+    runtime: Runtime,
+) -> torch.Tensor:
+    """Mean binary cross-entropy over labelled rows and all classes (multi-label).
+
+    ``targets`` ``(rows, classes of part b)`` 0/1 float, ``mask`` ``(rows,)`` bool.
+    """
+    return _BCEFn.apply(logits, targets.to(logits.dtype), mask, runtime, spec.layout, spec.num_cols)
+
+
+@torch.no_grad()
+def parallel_argmax(logits: torch.Tensor, spec: ShardSpec, runtime: Runtime) -> torch.Tensor:
+    """Global class index of each local row's largest logit (ties: smallest index)."""
+    grid, profiler = runtime.grid, runtime.profiler
+    group = grid.group(spec.layout.cols)
+    class_start, _ = spec.col_range(grid.shape, grid.coords)
+    logits = logits.float()
+    if logits.shape[1]:
+        local_max, local_arg = logits.max(dim=1)
+    else:
+        local_max = logits.new_full((logits.shape[0],), -torch.inf)
+        local_arg = torch.zeros(logits.shape[0], dtype=torch.int64, device=logits.device)
+    global_max = all_reduce(local_max.clone(), group, profiler, op=dist.ReduceOp.MAX)
+    sentinel = torch.iinfo(torch.int64).max
+    candidate = torch.where(local_max == global_max, local_arg + class_start, sentinel)
+    return all_reduce(candidate, group, profiler, op=dist.ReduceOp.MIN)
+
+
+# --------------------------------------------------------------------------- dropout
+_MASK32 = 0xFFFFFFFF
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer on int64 tensors holding values in ``[0, 2^32)``.
+
+    Multipliers stay below :math:`2^{31}` so products fit int64 without overflow.
+    """
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    return (x >> 16) ^ x
+
+
+def dropout_mask(
+    key: int, row_ids: torch.Tensor, col_start: int, num_cols: int, rate: float
+) -> torch.Tensor:
+    """Keep-mask ``(len(row_ids), num_cols)`` as a hash of (key, global row, global column).
+
+    ``key`` mixes the seed, step and layer; the mask of an element depends only on its
+    global coordinates, so it is the same on every grid shape.
+    """
+    key &= _MASK32
+    row_hash = hash32((row_ids.to(torch.int64) & _MASK32) ^ key).unsqueeze(1)
+    cols = torch.arange(col_start, col_start + num_cols, dtype=torch.int64, device=row_ids.device)
+    col_hash = hash32((cols * 0x9E3779B1 + (key >> 7)) & _MASK32).unsqueeze(0)
+    threshold = int(rate * (1 << 32))
+    return hash32(row_hash ^ col_hash) >= threshold

@@ -1,0 +1,174 @@
+"""One rank's share of a prepared graph, and the batches built from it.
+
+At start-up a rank reads from the (memory-mapped) prepared graph only:
+
+- for each adjacency plane its model uses, the CSR block of its row range along the
+  plane's row axis and column range along the plane's column axis, streamed in chunks
+  of rows so that no more than one chunk beyond the block is ever resident;
+- the features of its X row range and Z column range (the input state ``(x, z, y)``);
+- labels and masks of its row range along the logits' row axis;
+- :math:`\\hat d^{-1/2}` of the vertex ranges it touches.
+
+Per step, :meth:`RankStore.batch` builds the rank's mini-batch from a shared sorted
+sample with no communication (Algorithm 2, :func:`~dgl_scalegnn.sampling.blocks.extract_block`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dgl_scalegnn.data.prepared import PreparedGraph
+from dgl_scalegnn.dist.grid import Grid4D
+from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layout
+from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Plane, block_range
+from dgl_scalegnn.parallel.partition import RowPartition
+from dgl_scalegnn.parallel.spmm import build_local_spmm
+from dgl_scalegnn.sampling.blocks import CSRBlock, extract_block, full_block
+from dgl_scalegnn.sampling.uniform import inclusion_probability
+
+__all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees"]
+
+_ROWS_PER_CHUNK = 1 << 16
+SPLITS = ("train", "val", "test")
+
+
+def inverse_sqrt_degrees(degrees: np.ndarray) -> torch.Tensor:
+    """:math:`\\hat d^{-1/2}` as float32, computed as :func:`gcn_normalize` does."""
+    return torch.from_numpy(
+        (1.0 / np.sqrt(np.asarray(degrees, dtype=np.float64))).astype(np.float32)
+    )
+
+
+def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Copy a (possibly memory-mapped) array slice into a tensor on ``device``."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+def load_csr_block(graph: PreparedGraph, rows: tuple[int, int], cols: tuple[int, int]) -> CSRBlock:
+    """Read the block ``rows x cols`` of the normalised adjacency, chunk by chunk."""
+    (r0, r1), (c0, c1) = rows, cols
+    indptr_parts, index_parts, value_parts = [np.zeros(1, dtype=np.int64)], [], []
+    kept = 0
+    for start in range(r0, r1, _ROWS_PER_CHUNK):
+        stop = min(start + _ROWS_PER_CHUNK, r1)
+        pointers = np.asarray(graph.indptr[start : stop + 1], dtype=np.int64)
+        indices = np.asarray(graph.indices[pointers[0] : pointers[-1]])
+        values = np.asarray(graph.values[pointers[0] : pointers[-1]])
+        inside = (indices >= c0) & (indices < c1)
+        row_of = np.repeat(np.arange(stop - start), np.diff(pointers))
+        counts = np.bincount(row_of[inside], minlength=stop - start)
+        indptr_parts.append(kept + np.cumsum(counts))
+        kept += int(counts.sum())
+        index_parts.append(indices[inside].astype(np.int64))
+        value_parts.append(values[inside].astype(np.float32))
+    return CSRBlock(
+        row_start=r0,
+        row_stop=r1,
+        col_start=c0,
+        col_stop=c1,
+        indptr=torch.from_numpy(np.concatenate(indptr_parts)),
+        indices=torch.from_numpy(np.concatenate(index_parts or [np.zeros(0, np.int64)])),
+        values=torch.from_numpy(np.concatenate(value_parts or [np.zeros(0, np.float32)])),
+        row_scale=inverse_sqrt_degrees(graph.degrees[r0:r1]),
+        col_scale=inverse_sqrt_degrees(graph.degrees[c0:c1]),
+    )
+
+
+class RankStore:
+    """The share of a prepared graph that this rank of ``grid`` needs.
+
+    Parameters
+    ----------
+    graph : PreparedGraph
+        Usually memory-mapped (:func:`~dgl_scalegnn.data.prepared.open_prepared`).
+    grid : Grid4D
+        This rank's coordinates decide which ranges it reads.
+    num_layers : int
+        Decides which adjacency planes (at most three) and the label axis.
+    kernel : str
+        Local SpMM kernel for the built batches.
+    device : torch.device
+        Where the share is kept and batches are built.
+    """
+
+    def __init__(
+        self,
+        graph: PreparedGraph,
+        grid: Grid4D,
+        num_layers: int,
+        kernel: str = "auto",
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.meta = graph.meta
+        self.grid, self.kernel, self.device = grid, kernel, torch.device(device)
+        n = graph.meta.num_nodes
+        self.blocks: dict[Plane, CSRBlock] = {}
+        for plane in adjacency_planes(num_layers):
+            rows = self._vertex_range(plane.rows)
+            cols = self._vertex_range(plane.cols)
+            self.blocks[plane] = load_csr_block(graph, rows, cols).to(self.device)
+        self.feature_rows = self._vertex_range(INPUT_LAYOUT.rows)
+        f0, f1 = block_range(
+            graph.meta.num_features, grid.size(INPUT_LAYOUT.cols), grid.coord(INPUT_LAYOUT.cols)
+        )
+        r0, r1 = self.feature_rows
+        self.features = _tensor(graph.features[r0:r1, f0:f1], self.device)
+        self.label_axis = logits_layout(num_layers).rows
+        self.label_rows = self._vertex_range(self.label_axis)
+        l0, l1 = self.label_rows
+        self.labels = _tensor(graph.labels[l0:l1], self.device)
+        self.masks = {
+            split: _tensor(getattr(graph, f"{split}_mask")[l0:l1], self.device) for split in SPLITS
+        }
+        self.num_nodes = n
+        self._full: RankBatch | None = None
+
+    def _vertex_range(self, axis: Axis) -> tuple[int, int]:
+        return block_range(self.meta.num_nodes, self.grid.size(axis), self.grid.coord(axis))
+
+    def nbytes(self) -> int:
+        """Bytes of graph data this rank holds."""
+        tensors = [self.features, self.labels, *self.masks.values()]
+        return sum(b.nbytes() for b in self.blocks.values()) + sum(
+            t.numel() * t.element_size() for t in tensors
+        )
+
+    def _local(self, rows: RowPartition, axis: Axis, start: int) -> torch.Tensor:
+        return rows.ids(axis, self.grid.coord(axis)) - start
+
+    def batch(self, sample: torch.Tensor, step: int) -> RankBatch:
+        """This rank's mini-batch for the sorted sample ``sample`` (no communication)."""
+        p = inclusion_probability(self.num_nodes, int(sample.numel()))
+        rows = RowPartition.of(sample, self.num_nodes, self.grid.shape)
+        adjacency = {
+            plane: build_local_spmm(extract_block(block, sample, p), self.kernel)
+            for plane, block in self.blocks.items()
+        }
+        feature_rows = self._local(rows, INPUT_LAYOUT.rows, self.feature_rows[0])
+        label_rows = self._local(rows, self.label_axis, self.label_rows[0])
+        return RankBatch(
+            step=step,
+            rows=rows,
+            adjacency=adjacency,
+            features=self.features[feature_rows],
+            labels=self.labels[label_rows],
+            masks={split: mask[label_rows] for split, mask in self.masks.items()},
+        )
+
+    def full_batch(self) -> RankBatch:
+        """The whole graph, unsampled and unscaled, for evaluation (built once)."""
+        if self._full is None:
+            everything = torch.arange(self.num_nodes, device=self.device)
+            self._full = RankBatch(
+                step=-1,
+                rows=RowPartition.of(everything, self.num_nodes, self.grid.shape),
+                adjacency={
+                    plane: build_local_spmm(full_block(block), self.kernel)
+                    for plane, block in self.blocks.items()
+                },
+                features=self.features,
+                labels=self.labels,
+                masks=self.masks,
+            )
+        return self._full

@@ -1,0 +1,113 @@
+"""Wiring of a training run: launch detection, grid, data, trainer, metrics."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import dgl_scalegnn
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.config import Config, ParallelConfig
+from dgl_scalegnn.data.datasets import load_dataset
+from dgl_scalegnn.data.graph import DatasetError
+from dgl_scalegnn.data.prepared import PreparedGraph, open_prepared, prepare_in_memory
+from dgl_scalegnn.dist.bootstrap import (
+    LaunchInfo,
+    detect_launch,
+    device_for,
+    init_distributed,
+    resolve_backend,
+)
+from dgl_scalegnn.dist.comm import CommOptions, Runtime
+from dgl_scalegnn.dist.grid import Grid4D, GridShape
+from dgl_scalegnn.profiling import Profiler
+from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.trainer import Trainer
+
+__all__ = ["Session", "start_session", "end_session", "load_graph", "run_training", "versions"]
+
+
+def versions() -> dict[str, str]:
+    return {
+        "dgl_scalegnn": dgl_scalegnn.__version__,
+        "torch": torch.__version__,
+        "dgl": dgl.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def load_graph(cfg: Config) -> PreparedGraph:
+    """The prepared graph of ``cfg.data``: memory-mapped from disk, or prepared in memory."""
+    data = cfg.data
+    if data.prepared is not None:
+        graph = open_prepared(data.prepared)
+        if data.name not in ("dgl", graph.meta.name):
+            raise DatasetError(
+                f"data.prepared: {data.prepared!r} holds {graph.meta.name!r} but data.name is "
+                f"{data.name!r}; point data.prepared at a directory prepared for {data.name!r}"
+            )
+        return graph
+    return prepare_in_memory(load_dataset(data), data.permutation_seed)
+
+
+@dataclass(frozen=True)
+class Session:
+    """A started process: how it was launched, its runtime on the grid, its device."""
+
+    launch: LaunchInfo
+    runtime: Runtime
+    device: torch.device
+    backend: str
+
+
+def start_session(parallel: ParallelConfig) -> Session:
+    """Detect the launch, check the grid against the world size, start torch.distributed
+    and create every process group of the grid."""
+    info = detect_launch()
+    shape = GridShape.parse(parallel.grid)
+    shape.check_world_size(info.world_size)
+    backend = resolve_backend(parallel.backend)
+    init_distributed(info, backend, parallel.timeout_s)
+    grid = Grid4D.build(shape, info.rank)
+    options = CommOptions(bf16=parallel.bf16_comm, overlap=parallel.overlap)
+    runtime = Runtime(grid, options, Profiler())
+    return Session(info, runtime, device_for(info, backend), backend)
+
+
+def end_session() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]:
+    """Run one training job on however many processes launched it; returns the summary."""
+    session = start_session(cfg.parallel)
+    info, runtime = session.launch, session.runtime
+    try:
+        shape = runtime.grid.shape
+        backend = session.backend
+        is_root = info.rank == 0
+        path = metrics_path or cfg.output.metrics
+        metrics = MetricsWriter(path, enabled=is_root, echo=sys.stdout if is_root else None)
+        metrics.write(
+            "config",
+            config=cfg.to_dict(),
+            grid=str(shape),
+            world_size=info.world_size,
+            launcher=info.launcher,
+            backend=backend,
+            versions=versions(),
+        )
+        try:
+            graph = load_graph(cfg)
+            trainer = Trainer(cfg, graph, runtime, metrics, session.device)
+            return trainer.fit()
+        finally:
+            metrics.close()
+    finally:
+        end_session()

@@ -1,0 +1,261 @@
+"""The 4D mini-batch trainer.
+
+Each data-parallel group ``d`` draws its own sample at global step ``t`` from
+``(sampling.seed, d, t)``; all ranks of the group share it, so each builds its shard
+of the batch alone. An epoch is ``ceil(ceil(N / B) / Gd)`` steps. After backward the
+gradients are averaged over the DP group and one Adam step follows. Every
+``eval_every`` epochs the whole normalised graph is evaluated by one distributed forward
+pass (no sampling); training stops at the target accuracy or after the last epoch.
+Training time excludes evaluation, as the paper reports it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dgl_scalegnn.config import Config, ConfigError
+from dgl_scalegnn.data.prepared import PreparedGraph
+from dgl_scalegnn.dist.comm import Runtime, all_reduce
+from dgl_scalegnn.model.scalegnn import ParallelScaleGNN, RankBatch
+from dgl_scalegnn.sampling.store import RankStore
+from dgl_scalegnn.sampling.uniform import sample_vertices, step_seed
+from dgl_scalegnn.train.metrics import MetricsWriter
+
+__all__ = ["Trainer", "NonFiniteError", "steps_per_epoch"]
+
+
+class NonFiniteError(FloatingPointError):
+    """A NaN or infinite loss or gradient; the message names the epoch and step."""
+
+
+def steps_per_epoch(num_nodes: int, batch_size: int, dp_size: int) -> int:
+    """``ceil(ceil(N / B) / Gd)``: each DP group covers its share of the vertices."""
+    return max(1, math.ceil(math.ceil(num_nodes / batch_size) / dp_size))
+
+
+@dataclass
+class _Progress:
+    """What training has done so far (restored from a checkpoint on resume)."""
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    train_seconds: float = 0.0
+    best_val: float = -1.0
+    test_at_best_val: float = 0.0
+    time_to_target: float | None = None
+
+
+class Trainer:
+    """Trains a :class:`ParallelScaleGNN` on this rank's :class:`RankStore`.
+
+    Parameters
+    ----------
+    cfg : Config
+        The resolved run configuration.
+    graph : PreparedGraph
+        The prepared graph (memory-mapped or in memory); each rank reads its share.
+    runtime : Runtime
+        Grid, communication switches and profiler.
+    metrics : MetricsWriter
+        Enabled on rank 0 only.
+    device : torch.device
+        Where the rank's share, the model and the batches live.
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        graph: PreparedGraph,
+        runtime: Runtime,
+        metrics: MetricsWriter,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        meta = graph.meta
+        if cfg.sampling.batch_size > meta.num_nodes:
+            raise ConfigError(
+                f"sampling.batch_size: got {cfg.sampling.batch_size}, but {meta.name!r} has "
+                f"only {meta.num_nodes} vertices; use at most {meta.num_nodes}"
+            )
+        self.cfg, self.runtime, self.metrics = cfg, runtime, metrics
+        self.grid = runtime.grid
+        self.num_nodes = meta.num_nodes
+        self.device = torch.device(device)
+        self.store = RankStore(
+            graph, self.grid, cfg.model.layers, cfg.parallel.spmm_kernel, self.device
+        )
+        self.model = ParallelScaleGNN(
+            cfg.model,
+            in_features=meta.num_features,
+            num_classes=meta.num_classes,
+            runtime=runtime,
+            seed=cfg.train.seed,
+            multilabel=meta.multilabel,
+        ).to(self.device)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
+        )
+        self.steps_per_epoch = steps_per_epoch(
+            meta.num_nodes, cfg.sampling.batch_size, self.grid.shape.dp
+        )
+        self.progress = _Progress()
+
+    # ------------------------------------------------------------------ one step
+    def sample(self, global_step: int) -> RankBatch:
+        """This rank's batch of ``global_step`` (no communication)."""
+        seed = step_seed(self.cfg.sampling.seed, self.grid.coords.d, global_step)
+        with self.runtime.profiler.region("sampling"):
+            vertices = sample_vertices(self.num_nodes, self.cfg.sampling.batch_size, seed)
+            return self.store.batch(vertices.to(self.device), global_step)
+
+    def _all_finite(self, loss: torch.Tensor) -> bool:
+        """Whether loss and every gradient are finite on every rank (agreed by all)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        bad = float(not torch.isfinite(loss))
+        bad += sum(float(not torch.isfinite(g).all()) for g in grads)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([bad], device=loss.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            bad = float(flag)
+        return bad == 0
+
+    def _average_gradients(self, loss: torch.Tensor) -> float:
+        """Average gradients (and the loss, for logging) over the DP group in one call."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        dp = self.grid.dp_group
+        if dp.size == 1:
+            return float(loss)
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
+        flat = all_reduce(flat, dp, self.runtime.profiler, component="dp_allreduce")
+        flat /= dp.size
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        return float(flat[-1])
+
+    def train_step(self, batch: RankBatch) -> float:
+        """Forward, backward, DP average and one optimizer step; returns the mean loss."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        logits, spec = self.model(batch, training=True)
+        loss = self.model.loss(logits, spec, batch, "train")
+        loss.backward()
+        mean_loss = self._average_gradients(loss)
+        if not self._all_finite(loss):
+            where = f"epoch {self.progress.epoch} step {self.progress.step_in_epoch}"
+            where += f" (global step {batch.step})"
+            if self.cfg.train.on_nonfinite == "stop":
+                raise NonFiniteError(
+                    f"non-finite loss or gradient at {where}; training stopped, the last "
+                    "checkpoint is intact (set train.on_nonfinite=skip to skip such steps)"
+                )
+            self.metrics.write("nonfinite", step=batch.step, action="skipped")
+            return mean_loss
+        self.optimizer.step()
+        return mean_loss
+
+    # ---------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Full-graph accuracy per split (one distributed forward, no sampling)."""
+        self.model.eval()
+        batch = self.store.full_batch()
+        logits, spec = self.model(batch, training=False)
+        counts = self.model.accuracy_counts(logits, spec, batch)
+        return {f"{split}_acc": c / max(total, 1.0) for split, (c, total) in counts.items()}
+
+    # ----------------------------------------------------------------- the loop
+    def fit(self) -> dict[str, Any]:
+        """Train until the target accuracy or the last epoch; returns the summary."""
+        cfg, progress = self.cfg, self.progress
+        bar = self._progress_bar()
+        reached = False
+        try:
+            while progress.epoch < cfg.train.epochs and not reached:
+                reached = self._run_epoch(bar)
+                if self._max_steps_done():
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+        summary = {
+            "best_val_acc": progress.best_val,
+            "test_at_best_val": progress.test_at_best_val,
+            "time_to_target_s": progress.time_to_target,
+            "epochs": progress.epoch,
+            "steps": progress.global_step,
+            "train_s": progress.train_seconds,
+        }
+        self.metrics.write("summary", **summary)
+        return summary
+
+    def _max_steps_done(self) -> bool:
+        limit = self.cfg.train.max_steps
+        return limit is not None and self.progress.global_step >= limit
+
+    def _run_epoch(self, bar: Any) -> bool:
+        cfg, progress = self.cfg, self.progress
+        while progress.step_in_epoch < self.steps_per_epoch and not self._max_steps_done():
+            start = time.perf_counter()
+            sample_start = time.perf_counter()
+            batch = self.sample(progress.global_step)
+            sample_seconds = time.perf_counter() - sample_start
+            loss = self.train_step(batch)
+            step_seconds = time.perf_counter() - start
+            progress.train_seconds += step_seconds
+            self.metrics.write(
+                "step",
+                epoch=progress.epoch,
+                step=progress.global_step,
+                loss=loss,
+                step_s=step_seconds,
+                sample_s=sample_seconds,
+            )
+            progress.global_step += 1
+            progress.step_in_epoch += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(epoch=progress.epoch, loss=f"{loss:.4f}")
+        if progress.step_in_epoch < self.steps_per_epoch:
+            return False  # stopped by max_steps mid-epoch
+        progress.epoch += 1
+        progress.step_in_epoch = 0
+        last = progress.epoch == cfg.train.epochs
+        if progress.epoch % cfg.train.eval_every == 0 or last:
+            return self._evaluate_and_record()
+        return False
+
+    def _evaluate_and_record(self) -> bool:
+        cfg, progress = self.cfg, self.progress
+        start = time.perf_counter()
+        accuracy = self.evaluate()
+        eval_seconds = time.perf_counter() - start
+        if accuracy["val_acc"] > progress.best_val:
+            progress.best_val, progress.test_at_best_val = accuracy["val_acc"], accuracy["test_acc"]
+        target = cfg.train.target_acc
+        reached = target is not None and accuracy[cfg.train.target_metric] >= target
+        if reached and progress.time_to_target is None:
+            progress.time_to_target = progress.train_seconds
+        self.metrics.write(
+            "eval",
+            epoch=progress.epoch,
+            **accuracy,
+            eval_s=eval_seconds,
+            elapsed_train_s=progress.train_seconds,
+        )
+        return reached
+
+    def _progress_bar(self) -> Any:
+        if not (self.cfg.train.progress and self.grid.rank == 0 and sys.stderr.isatty()):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.train.epochs * self.steps_per_epoch, unit="step", leave=False)
