@@ -65,11 +65,11 @@ class SyntheticConfig:
     """The built-in generator (see :mod:`dgl_scalegnn.data.synthetic`)."""
 
     num_nodes: int = 20_000
-    avg_degree: float = 16.0
+    avg_degree: float = 10.0
     num_features: int = 64
     num_classes: int = 8
-    homophily: float = 0.8
-    feature_noise: float = 4.0
+    homophily: float = 0.6
+    feature_noise: float = 5.0
     degree_exponent: float = 2.5
     train_fraction: float = 0.3
     val_fraction: float = 0.1

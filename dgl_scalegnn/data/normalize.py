@@ -14,10 +14,20 @@ canonical for a given edge set.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["NormalizedCSR", "gcn_normalize", "csr_row_ids"]
+__all__ = ["NormalizedCSR", "gcn_normalize", "csr_row_ids", "inverse_sqrt_degrees", "CSRArrays"]
+
+
+class CSRArrays(Protocol):
+    """Anything holding a normalised CSR: :class:`NormalizedCSR`, a prepared graph."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    degrees: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -43,12 +53,19 @@ class NormalizedCSR:
         return int(self.indices.shape[0])
 
 
+def inverse_sqrt_degrees(degrees: np.ndarray, dtype: np.dtype | type = np.float32) -> np.ndarray:
+    """:math:`\\hat d^{-1/2}`, computed in float64 and rounded once to ``dtype``."""
+    return (1.0 / np.sqrt(np.asarray(degrees, dtype=np.float64))).astype(dtype)
+
+
 def csr_row_ids(indptr: np.ndarray) -> np.ndarray:
     """Row id of every stored entry of a CSR with row pointer ``indptr``."""
     return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int64), np.diff(indptr))
 
 
-def gcn_normalize(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> NormalizedCSR:
+def gcn_normalize(
+    src: np.ndarray, dst: np.ndarray, num_nodes: int, dtype: np.dtype | type = np.float32
+) -> NormalizedCSR:
     """Symmetrise, merge duplicates, add one self loop per vertex and normalise.
 
     Parameters
@@ -57,6 +74,8 @@ def gcn_normalize(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> Normalize
         ``(E,)`` integer endpoints of the input edges, in ``[0, num_nodes)``.
     num_nodes : int
         ``N``; vertices without edges keep only their self loop.
+    dtype : numpy dtype
+        Of the values (float32 unless a test needs float64).
 
     Returns
     -------
@@ -88,6 +107,6 @@ def gcn_normalize(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> Normalize
     degrees = np.bincount(rows, minlength=num_nodes).astype(np.int64)
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(degrees, out=indptr[1:])
-    inv_sqrt = (1.0 / np.sqrt(degrees.astype(np.float64))).astype(np.float32)
+    inv_sqrt = inverse_sqrt_degrees(degrees, dtype)
     values = inv_sqrt[rows] * inv_sqrt[cols]
     return NormalizedCSR(indptr=indptr, indices=cols, values=values, degrees=degrees)

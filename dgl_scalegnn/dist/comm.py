@@ -52,6 +52,18 @@ class Runtime:
         return cls(Grid4D.single_process(), CommOptions(), Profiler(enabled=False))
 
 
+def _skip(group: CommGroup) -> bool:
+    """A one-member group needs no collective; a larger one must have a process group."""
+    if group.size == 1:
+        return True
+    if group.handle is None:
+        raise RuntimeError(
+            f"the {group.kind}-group {group.ranks} has no process group: it comes from "
+            "Grid4D.view, which is for communication-free work; use Grid4D.build"
+        )
+    return False
+
+
 class PendingReduce:
     """An all-reduce in flight; :meth:`wait` returns the reduced tensor."""
 
@@ -88,7 +100,7 @@ def start_all_reduce(
     op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
 ) -> PendingReduce:
     """Start an in-place all-reduce of ``tensor`` over ``group``."""
-    if group.handle is None:
+    if _skip(group):
         return PendingReduce(tensor, tensor, None, profiler, component)
     wire = tensor
     if low_precision and tensor.dtype == torch.float32:
@@ -126,7 +138,7 @@ def all_to_all(
 
     Returns the received chunks, ``receive_numels[i]`` elements from member ``i``.
     """
-    if group.handle is None:
+    if _skip(group):
         return [chunks[0].reshape(-1)]
     reference = next((c for c in chunks if c.numel()), chunks[0])
     send = torch.cat([c.reshape(-1) for c in chunks]).to(reference.dtype)

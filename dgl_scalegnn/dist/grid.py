@@ -172,16 +172,26 @@ class Grid4D:
     def build(cls, shape: GridShape, rank: int) -> Grid4D:
         """Create every group of ``shape`` (collective over all ranks when distributed)."""
         distributed = dist.is_available() and dist.is_initialized()
-        if distributed:
-            shape.check_world_size(dist.get_world_size())
-        elif shape.world_size != 1:
-            shape.check_world_size(1)
+        shape.check_world_size(dist.get_world_size() if distributed else 1)
+        return cls._assemble(shape, rank, create_groups=distributed)
+
+    @classmethod
+    def view(cls, shape: GridShape, rank: int) -> Grid4D:
+        """Rank ``rank``'s coordinates and group members, without process groups.
+
+        For work that needs no communication, e.g. building every rank's share of a
+        batch in one process to check it.
+        """
+        return cls._assemble(shape, rank, create_groups=False)
+
+    @classmethod
+    def _assemble(cls, shape: GridShape, rank: int, create_groups: bool) -> Grid4D:
         coords = shape.coords(rank)
         mine: dict[str, CommGroup] = {}
         for kind, varying in (("x", "x"), ("y", "y"), ("z", "z"), ("dp", "d"), ("tp", "xyz")):
             for ranks in shape._group_ranks(varying):
                 # new_group is collective: every rank creates every group, in this order.
-                handle = dist.new_group(ranks) if distributed and len(ranks) > 1 else None
+                handle = dist.new_group(ranks) if create_groups and len(ranks) > 1 else None
                 if rank in ranks:
                     mine[kind] = CommGroup(kind, tuple(ranks), ranks.index(rank), handle)
         return cls(

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from dgl_scalegnn.parallel.spmm import BlockCOO
+from dgl_scalegnn.sampling.uniform import rescale_off_diagonal
 
 __all__ = ["CSRBlock", "extract_block", "full_block", "gather_rows"]
 
@@ -110,9 +111,7 @@ def extract_block(csr: CSRBlock, sample: torch.Tensor, p: float) -> BlockCOO:
         hit = torch.zeros_like(candidate_cols, dtype=torch.bool)
     rows, cols = owner[hit], slot[hit]
     diagonal = row_ids[rows] == col_ids[cols]
-    values = csr.values[positions[hit]]
-    if p != 1.0:
-        values = torch.where(diagonal, values, values / p)
+    values = rescale_off_diagonal(csr.values[positions[hit]], diagonal, p)
     return BlockCOO(
         rows=rows,
         cols=cols,

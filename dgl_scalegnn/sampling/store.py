@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dgl_scalegnn.data.normalize import CSRArrays, inverse_sqrt_degrees
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.dist.grid import Grid4D
 from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layout
@@ -33,21 +34,19 @@ _ROWS_PER_CHUNK = 1 << 16
 SPLITS = ("train", "val", "test")
 
 
-def inverse_sqrt_degrees(degrees: np.ndarray) -> torch.Tensor:
-    """:math:`\\hat d^{-1/2}` as float32, computed as :func:`gcn_normalize` does."""
-    return torch.from_numpy(
-        (1.0 / np.sqrt(np.asarray(degrees, dtype=np.float64))).astype(np.float32)
-    )
-
-
 def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """Copy a (possibly memory-mapped) array slice into a tensor on ``device``."""
     return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
 
-def load_csr_block(graph: PreparedGraph, rows: tuple[int, int], cols: tuple[int, int]) -> CSRBlock:
-    """Read the block ``rows x cols`` of the normalised adjacency, chunk by chunk."""
+def load_csr_block(graph: CSRArrays, rows: tuple[int, int], cols: tuple[int, int]) -> CSRBlock:
+    """Read the block ``rows x cols`` of the normalised adjacency, chunk by chunk.
+
+    Only the CSR rows of ``rows`` are read (from a memory map, chunk by chunk); the
+    entries outside ``cols`` are dropped before the next chunk is read.
+    """
     (r0, r1), (c0, c1) = rows, cols
+    dtype = graph.values.dtype
     indptr_parts, index_parts, value_parts = [np.zeros(1, dtype=np.int64)], [], []
     kept = 0
     for start in range(r0, r1, _ROWS_PER_CHUNK):
@@ -61,7 +60,7 @@ def load_csr_block(graph: PreparedGraph, rows: tuple[int, int], cols: tuple[int,
         indptr_parts.append(kept + np.cumsum(counts))
         kept += int(counts.sum())
         index_parts.append(indices[inside].astype(np.int64))
-        value_parts.append(values[inside].astype(np.float32))
+        value_parts.append(values[inside])
     return CSRBlock(
         row_start=r0,
         row_stop=r1,
@@ -69,9 +68,9 @@ def load_csr_block(graph: PreparedGraph, rows: tuple[int, int], cols: tuple[int,
         col_stop=c1,
         indptr=torch.from_numpy(np.concatenate(indptr_parts)),
         indices=torch.from_numpy(np.concatenate(index_parts or [np.zeros(0, np.int64)])),
-        values=torch.from_numpy(np.concatenate(value_parts or [np.zeros(0, np.float32)])),
-        row_scale=inverse_sqrt_degrees(graph.degrees[r0:r1]),
-        col_scale=inverse_sqrt_degrees(graph.degrees[c0:c1]),
+        values=torch.from_numpy(np.concatenate(value_parts or [np.zeros(0, dtype)])),
+        row_scale=torch.from_numpy(inverse_sqrt_degrees(graph.degrees[r0:r1], dtype)),
+        col_scale=torch.from_numpy(inverse_sqrt_degrees(graph.degrees[c0:c1], dtype)),
     )
 
 

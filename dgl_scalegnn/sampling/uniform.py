@@ -87,14 +87,11 @@ def inclusion_probability(num_nodes: int, batch_size: int) -> float:
     return (batch_size - 1) / (num_nodes - 1)
 
 
-def rescale_off_diagonal(
-    values: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, p: float
-) -> torch.Tensor:
-    """Divide the values of entries with ``rows != cols`` (global ids) by ``p``."""
+def rescale_off_diagonal(values: torch.Tensor, diagonal: torch.Tensor, p: float) -> torch.Tensor:
+    """Divide the values of the entries off the diagonal (``diagonal`` False) by ``p``."""
     if p == 1.0:
         return values
-    scale = torch.where(rows == cols, 1.0, 1.0 / p).to(values.dtype)
-    return values * scale
+    return torch.where(diagonal, values, values / p)
 
 
 def gcn_norm_graph(graph: dgl.DGLGraph, weight: str = "w") -> dgl.DGLGraph:
@@ -158,5 +155,7 @@ class UniformVertexSampler(dgl.dataloading.Sampler):
             return subgraph
         src, dst = subgraph.edges()
         p = inclusion_probability(g.num_nodes(), vertices.numel())
-        subgraph.edata[self.weight] = rescale_off_diagonal(subgraph.edata[self.weight], src, dst, p)
+        subgraph.edata[self.weight] = rescale_off_diagonal(
+            subgraph.edata[self.weight], src == dst, p
+        )
         return subgraph
