@@ -104,6 +104,7 @@ class ModelConfig:
     hidden: int = 128
     layers: int = 3
     dropout: float = 0.5
+    input_dropout: float = 0.0
     norm: bool = True
     residual: bool = True
     rms_eps: float = 1e-6
@@ -204,8 +205,10 @@ def _check_choices_and_ranges(cfg: Config) -> None:
     positive("train.eval_every", cfg.train.eval_every)
     positive("output.checkpoint_every", cfg.output.checkpoint_every, 0)
     positive("parallel.timeout_s", cfg.parallel.timeout_s, 1)
-    if not 0.0 <= cfg.model.dropout < 1.0:
-        raise ConfigError(f"model.dropout: got {cfg.model.dropout}; it must be in [0, 1)")
+    for key in ("dropout", "input_dropout"):
+        rate = getattr(cfg.model, key)
+        if not 0.0 <= rate < 1.0:
+            raise ConfigError(f"model.{key}: got {rate}; it must be in [0, 1)")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr: got {cfg.optim.lr}; it must be positive")
     if cfg.train.target_acc is not None and not 0.0 < cfg.train.target_acc <= 1.0:

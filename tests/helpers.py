@@ -108,11 +108,11 @@ def random_dataset(
 
 def prepared_dgl_graph(prepared: PreparedGraph) -> dgl.DGLGraph:
     """The prepared normalised adjacency as a DGLGraph (edge col -> row, weight ``w``)."""
-    indptr = torch.from_numpy(np.asarray(prepared.indptr))
-    rows = torch.repeat_interleave(torch.arange(prepared.meta.num_nodes), torch.diff(indptr))
-    cols = torch.from_numpy(np.asarray(prepared.indices))
+    adjacency = prepared.adjacency
+    rows = torch.from_numpy(np.asarray(adjacency.rows, dtype=np.int64))
+    cols = torch.from_numpy(np.asarray(adjacency.cols, dtype=np.int64))
     graph = dgl.graph((cols, rows), num_nodes=prepared.meta.num_nodes)
-    graph.edata["w"] = torch.from_numpy(np.asarray(prepared.values))
+    graph.edata["w"] = torch.from_numpy(np.asarray(adjacency.values))
     return graph
 
 

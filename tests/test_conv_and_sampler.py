@@ -9,6 +9,7 @@ import torch
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.normalize import gcn_normalize
 from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.data.tiles import tile_adjacency
 from dgl_scalegnn.dist.comm import Runtime
 from dgl_scalegnn.dist.grid import Grid4D, GridShape
 from dgl_scalegnn.parallel.layout import Axis, Layout
@@ -40,7 +41,8 @@ def test_gcn_conv_equals_dgl_graphconv(kernel):
     n, d_in, d_out = graph.num_nodes(), 7, 5
     src, dst = (t.numpy() for t in graph.edges())
     csr = gcn_normalize(src, dst, n, dtype=np.float64)
-    adjacency = build_local_spmm(full_block(load_csr_block(csr, (0, n), (0, n))), kernel)
+    block, _ = load_csr_block(tile_adjacency(csr, tile_count=4), (0, n), (0, n))
+    adjacency = build_local_spmm(full_block(block), kernel)
 
     torch.manual_seed(0)
     features = torch.randn(n, d_in, dtype=torch.float64, requires_grad=True)
@@ -86,7 +88,9 @@ def test_sampled_block_equals_rescaled_node_subgraph(prepared, batch_size):
     sample = sample_vertices(n, batch_size, seed=5)
     expected = _rescaled_node_subgraph(prepared, sample)
     block = extract_block(
-        load_csr_block(prepared, (0, n), (0, n)), sample, inclusion_probability(n, batch_size)
+        load_csr_block(prepared.adjacency, (0, n), (0, n))[0],
+        sample,
+        inclusion_probability(n, batch_size),
     )
     assert torch.equal(block.dense(), expected)
     # The dgl.dataloading.Sampler gives the same subgraph.
@@ -154,7 +158,7 @@ def test_sampled_aggregation_is_unbiased():
     dataset = random_dataset(num_nodes=60, num_edges=300, isolated=2, seed=3)
     prepared = prepare_in_memory(dataset, permutation_seed=0)
     n, batch_size, samples = 60, 20, 1500
-    csr = load_csr_block(prepared, (0, n), (0, n))
+    csr = load_csr_block(prepared.adjacency, (0, n), (0, n))[0]
     x = torch.randn(n, generator=torch.Generator().manual_seed(0))
     full = full_block(csr).dense() @ x
     p = inclusion_probability(n, batch_size)

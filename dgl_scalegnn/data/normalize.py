@@ -14,20 +14,10 @@ canonical for a given edge set.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-__all__ = ["NormalizedCSR", "gcn_normalize", "csr_row_ids", "inverse_sqrt_degrees", "CSRArrays"]
-
-
-class CSRArrays(Protocol):
-    """Anything holding a normalised CSR: :class:`NormalizedCSR`, a prepared graph."""
-
-    indptr: np.ndarray
-    indices: np.ndarray
-    values: np.ndarray
-    degrees: np.ndarray
+__all__ = ["NormalizedCSR", "gcn_normalize", "csr_row_ids", "inverse_sqrt_degrees"]
 
 
 @dataclass(frozen=True)

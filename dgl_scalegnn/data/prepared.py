@@ -5,7 +5,8 @@ Preparing a :class:`~dgl_scalegnn.data.graph.NodeDataset`:
 1. relabel vertices by a seeded random permutation (``new = permutation[old]``), so
    that contiguous vertex ranges, and hence the 2D blocks of every grid, carry
    balanced nonzeros;
-2. normalise the whole graph (:func:`~dgl_scalegnn.data.normalize.gcn_normalize`);
+2. normalise the whole graph (:func:`~dgl_scalegnn.data.normalize.gcn_normalize`)
+   and store it in vertex-range tiles (:mod:`~dgl_scalegnn.data.tiles`);
 3. keep features, labels and split masks in the new order.
 
 On disk a prepared directory holds one ``.npy`` file per array and ``meta.json``
@@ -28,6 +29,7 @@ import numpy as np
 
 from dgl_scalegnn.data.graph import DatasetError, NodeDataset
 from dgl_scalegnn.data.normalize import gcn_normalize
+from dgl_scalegnn.data.tiles import TiledAdjacency, tile_adjacency
 
 __all__ = [
     "FORMAT_VERSION",
@@ -41,11 +43,9 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-ARRAY_NAMES = (
-    "indptr",
-    "indices",
-    "values",
-    "degrees",
+#: Arrays of the adjacency (see :mod:`~dgl_scalegnn.data.tiles`) and of the vertices.
+ADJACENCY_ARRAYS = ("offsets", "rows", "cols", "values", "degrees")
+VERTEX_ARRAYS = (
     "features",
     "labels",
     "train_mask",
@@ -53,6 +53,7 @@ ARRAY_NAMES = (
     "test_mask",
     "permutation",
 )
+ARRAY_NAMES = ADJACENCY_ARRAYS + VERTEX_ARRAYS
 _CHUNK_BYTES = 64 << 20
 
 
@@ -67,6 +68,7 @@ class GraphMeta:
     num_classes: int
     multilabel: bool
     permutation_seed: int
+    tile_count: int
     format_version: int = FORMAT_VERSION
 
 
@@ -74,17 +76,13 @@ class GraphMeta:
 class PreparedGraph:
     """A relabelled, normalised graph; arrays may be in memory or memory-mapped.
 
-    ``indptr`` ``(N+1,)`` int64, ``indices`` ``(nnz,)`` int64, ``values`` ``(nnz,)``
-    float32, ``degrees`` ``(N,)`` int64 (of :math:`A+I`), ``features`` ``(N, D_in)``
+    ``adjacency`` is the tiled normalised adjacency; ``features`` ``(N, D_in)``
     float32, ``labels`` ``(N,)`` int64 or ``(N, C)`` float32, masks ``(N,)`` bool,
     ``permutation`` ``(N,)`` int64 with ``new_id = permutation[original_id]``.
     """
 
     meta: GraphMeta
-    indptr: np.ndarray
-    indices: np.ndarray
-    values: np.ndarray
-    degrees: np.ndarray
+    adjacency: TiledAdjacency
     features: np.ndarray
     labels: np.ndarray
     train_mask: np.ndarray
@@ -93,10 +91,13 @@ class PreparedGraph:
     permutation: np.ndarray
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {name: getattr(self, name) for name in ARRAY_NAMES}
+        adjacency = {name: getattr(self.adjacency, name) for name in ADJACENCY_ARRAYS}
+        return {**adjacency, **{name: getattr(self, name) for name in VERTEX_ARRAYS}}
 
 
-def prepare_in_memory(dataset: NodeDataset, permutation_seed: int = 0) -> PreparedGraph:
+def prepare_in_memory(
+    dataset: NodeDataset, permutation_seed: int = 0, tile_count: int | None = None
+) -> PreparedGraph:
     """Relabel and normalise ``dataset`` in memory.
 
     Examples
@@ -104,8 +105,8 @@ def prepare_in_memory(dataset: NodeDataset, permutation_seed: int = 0) -> Prepar
     >>> from dgl_scalegnn.config import SyntheticConfig
     >>> from dgl_scalegnn.data.synthetic import generate
     >>> graph = prepare_in_memory(generate(SyntheticConfig(num_nodes=500)), permutation_seed=1)
-    >>> graph.meta.num_nodes, graph.indptr.shape
-    (500, (501,))
+    >>> graph.meta.num_nodes, graph.adjacency.offsets.shape
+    (500, (65537,))
     """
     graph = dataset.graph
     num_nodes = graph.num_nodes()
@@ -113,24 +114,24 @@ def prepare_in_memory(dataset: NodeDataset, permutation_seed: int = 0) -> Prepar
     inverse = np.empty_like(permutation)
     inverse[permutation] = np.arange(num_nodes, dtype=np.int64)
     src, dst = (t.numpy() for t in graph.edges())
-    csr = gcn_normalize(permutation[src], permutation[dst], num_nodes)
+    adjacency = tile_adjacency(
+        gcn_normalize(permutation[src], permutation[dst], num_nodes), tile_count
+    )
     ndata = graph.ndata
     labels = ndata["label"].numpy()
     meta = GraphMeta(
         name=dataset.name,
         num_nodes=num_nodes,
-        nnz=csr.nnz,
+        nnz=adjacency.nnz,
         num_features=dataset.num_features,
         num_classes=dataset.num_classes,
         multilabel=dataset.multilabel,
         permutation_seed=permutation_seed,
+        tile_count=adjacency.tile_count,
     )
     return PreparedGraph(
         meta=meta,
-        indptr=csr.indptr,
-        indices=csr.indices,
-        values=csr.values,
-        degrees=csr.degrees,
+        adjacency=adjacency,
         features=np.ascontiguousarray(ndata["feat"].numpy()[inverse], dtype=np.float32),
         labels=np.ascontiguousarray(labels[inverse]).astype(
             np.float32 if dataset.multilabel else np.int64
@@ -236,17 +237,25 @@ def open_prepared(directory: str | os.PathLike[str], *, checksum: bool = False) 
                 f"{entry['dtype']}{entry['shape']}"
             )
         arrays[name] = array
-    fields = {k: meta[k] for k in GraphMeta.__dataclass_fields__}
-    return PreparedGraph(meta=GraphMeta(**fields), **arrays)
+    graph_meta = GraphMeta(**{k: meta[k] for k in GraphMeta.__dataclass_fields__})
+    adjacency = TiledAdjacency(
+        num_nodes=graph_meta.num_nodes,
+        tile_count=graph_meta.tile_count,
+        **{name: arrays.pop(name) for name in ADJACENCY_ARRAYS},
+    )
+    return PreparedGraph(meta=graph_meta, adjacency=adjacency, **arrays)
 
 
 def verify_prepared(directory: str | os.PathLike[str]) -> GraphMeta:
     """Check every file of a prepared directory (sizes, shapes, checksums, CSR sanity)."""
     graph = open_prepared(directory, checksum=True)
-    meta = graph.meta
+    meta, offsets = graph.meta, graph.adjacency.offsets
     root = Path(directory)
-    if graph.indptr[0] != 0 or graph.indptr[-1] != meta.nnz:
-        raise DatasetError(f"{root / 'indptr.npy'}: does not span the {meta.nnz} stored entries")
-    if graph.indptr.shape[0] != meta.num_nodes + 1:
-        raise DatasetError(f"{root / 'indptr.npy'}: length differs from num_nodes + 1")
+    if offsets.shape[0] != meta.tile_count**2 + 1 or offsets[0] != 0 or offsets[-1] != meta.nnz:
+        raise DatasetError(
+            f"{root / 'offsets.npy'}: does not span the {meta.nnz} stored entries "
+            f"in {meta.tile_count}x{meta.tile_count} tiles"
+        )
+    if np.any(np.diff(offsets) < 0):
+        raise DatasetError(f"{root / 'offsets.npy'}: tile offsets decrease")
     return meta

@@ -20,7 +20,11 @@ from torch import nn
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ModelConfig
-from dgl_scalegnn.model.scalegnn import init_global_parameter, parameter_shards
+from dgl_scalegnn.model.scalegnn import (
+    INPUT_DROPOUT_LAYER,
+    init_global_parameter,
+    parameter_shards,
+)
 from dgl_scalegnn.parallel.ops import dropout_mask
 from dgl_scalegnn.sampling.uniform import mix_seed
 
@@ -77,6 +81,12 @@ class ScaleGNN(nn.Module):
         inv_rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.cfg.rms_eps)
         return x * inv_rms * self.params[f"layer{layer}_gain"]
 
+    def _dropout(
+        self, x: torch.Tensor, vertex_ids: torch.Tensor, step: int, layer: int, rate: float
+    ) -> torch.Tensor:
+        keep = dropout_mask(mix_seed(self.seed, step, layer), vertex_ids, 0, x.shape[1], rate)
+        return x * keep.to(x.dtype) * (1.0 / (1.0 - rate))
+
     def forward(
         self,
         graph: dgl.DGLGraph,
@@ -95,6 +105,10 @@ class ScaleGNN(nn.Module):
         cfg = self.cfg
         if vertex_ids is None:
             vertex_ids = graph.ndata.get(dgl.NID, torch.arange(graph.num_nodes()))
+        if self.training and cfg.input_dropout > 0:
+            features = self._dropout(
+                features, vertex_ids, step, INPUT_DROPOUT_LAYER, cfg.input_dropout
+            )
         hidden = features @ self.params["input_proj"]
         for layer in range(cfg.layers):
             out = self.conv(graph, hidden, layer, weight)
@@ -102,9 +116,6 @@ class ScaleGNN(nn.Module):
                 out = self.rms_norm(out, layer)
             out = torch.relu(out)
             if self.training and cfg.dropout > 0:
-                keep = dropout_mask(
-                    mix_seed(self.seed, step, layer), vertex_ids, 0, out.shape[1], cfg.dropout
-                )
-                out = out * keep.to(out.dtype) / (1.0 - cfg.dropout)
+                out = self._dropout(out, vertex_ids, step, layer, cfg.dropout)
             hidden = out + hidden if cfg.residual else out
         return hidden @ self.params["head"]

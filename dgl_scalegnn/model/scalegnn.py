@@ -53,6 +53,10 @@ __all__ = [
 ]
 
 
+#: Dropout-mask key of the input features (GCN layers use 0..L-1).
+INPUT_DROPOUT_LAYER = -1
+
+
 @dataclass(frozen=True)
 class ParamShard:
     """How a parameter is split: its global shape and the grid axis of each dimension.
@@ -189,8 +193,13 @@ class ParallelScaleGNN(nn.Module):
         """Logits shard and its spec (classes split along the logits' column axis)."""
         cfg, runtime = self.cfg, self.runtime
         spec = ShardSpec(INPUT_LAYOUT, batch.rows, self.in_features)
+        features = batch.features
+        if training and cfg.input_dropout > 0:
+            features = self._dropout(
+                features, spec, batch.step, INPUT_DROPOUT_LAYER, cfg.input_dropout
+            )
         hidden, spec = parallel_linear(
-            batch.features, self.params["input_proj"], spec, cfg.hidden, runtime
+            features, self.params["input_proj"], spec, cfg.hidden, runtime
         )
         for index in range(cfg.layers):
             layer_input, input_spec = hidden, spec
@@ -208,20 +217,26 @@ class ParallelScaleGNN(nn.Module):
                 hidden = hidden + redistribute(layer_input, input_spec, spec.layout, runtime)
         return parallel_linear(hidden, self.params["head"], spec, self.num_classes, runtime)
 
+    def _dropout(
+        self, x: torch.Tensor, spec: ShardSpec, step: int, layer: int, rate: float
+    ) -> torch.Tensor:
+        """Inverted dropout with the mask hashed from global (vertex, column) ids."""
+        grid = self.runtime.grid
+        with self.runtime.profiler.region("elementwise"):
+            row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
+            col_start, col_stop = spec.col_range(grid.shape, grid.coords)
+            keep = dropout_mask(
+                mix_seed(self.seed, step, layer), row_ids, col_start, col_stop - col_start, rate
+            )
+            return x * keep.to(x.dtype) * (1.0 / (1.0 - rate))
+
     def _activation(
         self, hidden: torch.Tensor, spec: ShardSpec, step: int, layer: int, training: bool
     ) -> torch.Tensor:
-        rate = self.cfg.dropout
-        grid = self.runtime.grid
         with self.runtime.profiler.region("elementwise"):
             hidden = torch.relu(hidden)
-            if training and rate > 0:
-                row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
-                col_start, col_stop = spec.col_range(grid.shape, grid.coords)
-                keep = dropout_mask(
-                    mix_seed(self.seed, step, layer), row_ids, col_start, col_stop - col_start, rate
-                )
-                hidden = hidden * keep.to(hidden.dtype) * (1.0 / (1.0 - rate))
+        if training and self.cfg.dropout > 0:
+            hidden = self._dropout(hidden, spec, step, layer, self.cfg.dropout)
         return hidden
 
     def loss(

@@ -2,9 +2,9 @@
 
 At start-up a rank reads from the (memory-mapped) prepared graph only:
 
-- for each adjacency plane its model uses, the CSR block of its row range along the
-  plane's row axis and column range along the plane's column axis, streamed in chunks
-  of rows so that no more than one chunk beyond the block is ever resident;
+- for each adjacency plane its model uses, the block of its row range along the
+  plane's row axis and column range along the plane's column axis, from the tiles
+  that cover it (:func:`~dgl_scalegnn.data.tiles.read_block`);
 - the features of its X row range and Z column range (the input state ``(x, z, y)``);
 - labels and masks of its row range along the logits' row axis;
 - :math:`\\hat d^{-1/2}` of the vertex ranges it touches.
@@ -18,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dgl_scalegnn.data.normalize import CSRArrays, inverse_sqrt_degrees
+from dgl_scalegnn.data.normalize import inverse_sqrt_degrees
 from dgl_scalegnn.data.prepared import PreparedGraph
+from dgl_scalegnn.data.tiles import TiledAdjacency, read_block
 from dgl_scalegnn.dist.grid import Grid4D
 from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layout
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Plane, block_range
@@ -30,48 +31,31 @@ from dgl_scalegnn.sampling.uniform import inclusion_probability
 
 __all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees"]
 
-_ROWS_PER_CHUNK = 1 << 16
 SPLITS = ("train", "val", "test")
 
 
-def _tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Copy a (possibly memory-mapped) array slice into a tensor on ``device``."""
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+def load_csr_block(
+    adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int]
+) -> tuple[CSRBlock, int]:
+    """Read block ``rows x cols`` of the (memory-mapped) tiled adjacency.
 
-
-def load_csr_block(graph: CSRArrays, rows: tuple[int, int], cols: tuple[int, int]) -> CSRBlock:
-    """Read the block ``rows x cols`` of the normalised adjacency, chunk by chunk.
-
-    Only the CSR rows of ``rows`` are read (from a memory map, chunk by chunk); the
-    entries outside ``cols`` are dropped before the next chunk is read.
+    Returns the block and the bytes read from the adjacency arrays to build it.
     """
     (r0, r1), (c0, c1) = rows, cols
-    dtype = graph.values.dtype
-    indptr_parts, index_parts, value_parts = [np.zeros(1, dtype=np.int64)], [], []
-    kept = 0
-    for start in range(r0, r1, _ROWS_PER_CHUNK):
-        stop = min(start + _ROWS_PER_CHUNK, r1)
-        pointers = np.asarray(graph.indptr[start : stop + 1], dtype=np.int64)
-        indices = np.asarray(graph.indices[pointers[0] : pointers[-1]])
-        values = np.asarray(graph.values[pointers[0] : pointers[-1]])
-        inside = (indices >= c0) & (indices < c1)
-        row_of = np.repeat(np.arange(stop - start), np.diff(pointers))
-        counts = np.bincount(row_of[inside], minlength=stop - start)
-        indptr_parts.append(kept + np.cumsum(counts))
-        kept += int(counts.sum())
-        index_parts.append(indices[inside].astype(np.int64))
-        value_parts.append(values[inside])
-    return CSRBlock(
+    dtype = adjacency.values.dtype
+    read = read_block(adjacency, rows, cols)
+    block = CSRBlock(
         row_start=r0,
         row_stop=r1,
         col_start=c0,
         col_stop=c1,
-        indptr=torch.from_numpy(np.concatenate(indptr_parts)),
-        indices=torch.from_numpy(np.concatenate(index_parts or [np.zeros(0, np.int64)])),
-        values=torch.from_numpy(np.concatenate(value_parts or [np.zeros(0, dtype)])),
-        row_scale=torch.from_numpy(inverse_sqrt_degrees(graph.degrees[r0:r1], dtype)),
-        col_scale=torch.from_numpy(inverse_sqrt_degrees(graph.degrees[c0:c1], dtype)),
+        indptr=torch.from_numpy(read.indptr),
+        indices=torch.from_numpy(read.indices),
+        values=torch.from_numpy(read.values),
+        row_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[r0:r1], dtype)),
+        col_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[c0:c1], dtype)),
     )
+    return block, read.bytes_read
 
 
 class RankStore:
@@ -103,25 +87,32 @@ class RankStore:
         self.grid, self.kernel, self.device = grid, kernel, torch.device(device)
         n = graph.meta.num_nodes
         self.blocks: dict[Plane, CSRBlock] = {}
+        self.bytes_read = 0
         for plane in adjacency_planes(num_layers):
             rows = self._vertex_range(plane.rows)
             cols = self._vertex_range(plane.cols)
-            self.blocks[plane] = load_csr_block(graph, rows, cols).to(self.device)
+            block, bytes_read = load_csr_block(graph.adjacency, rows, cols)
+            self.blocks[plane] = block.to(self.device)
+            self.bytes_read += bytes_read
         self.feature_rows = self._vertex_range(INPUT_LAYOUT.rows)
         f0, f1 = block_range(
             graph.meta.num_features, grid.size(INPUT_LAYOUT.cols), grid.coord(INPUT_LAYOUT.cols)
         )
         r0, r1 = self.feature_rows
-        self.features = _tensor(graph.features[r0:r1, f0:f1], self.device)
+        self.features = self._load(graph.features[r0:r1, f0:f1])
         self.label_axis = logits_layout(num_layers).rows
         self.label_rows = self._vertex_range(self.label_axis)
         l0, l1 = self.label_rows
-        self.labels = _tensor(graph.labels[l0:l1], self.device)
-        self.masks = {
-            split: _tensor(getattr(graph, f"{split}_mask")[l0:l1], self.device) for split in SPLITS
-        }
+        self.labels = self._load(graph.labels[l0:l1])
+        self.masks = {split: self._load(getattr(graph, f"{split}_mask")[l0:l1]) for split in SPLITS}
         self.num_nodes = n
         self._full: RankBatch | None = None
+
+    def _load(self, array: np.ndarray) -> torch.Tensor:
+        """Copy a (memory-mapped) slice into a tensor on the device, counting the bytes."""
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor.to(self.device)
 
     def _vertex_range(self, axis: Axis) -> tuple[int, int]:
         return block_range(self.meta.num_nodes, self.grid.size(axis), self.grid.coord(axis))

@@ -131,7 +131,7 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.grad is not None]
         dp = self.grid.dp_group
         if dp.size == 1:
-            return float(loss)
+            return float(loss.detach())
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
         flat = all_reduce(flat, dp, self.runtime.profiler, component="dp_allreduce")
         flat /= dp.size

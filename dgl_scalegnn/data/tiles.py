@@ -1,0 +1,158 @@
+"""The normalised adjacency stored as a ``T x T`` grid of vertex-range tiles.
+
+Tile ``(i, j)`` holds the entries whose row lies in vertex range ``i`` and whose
+column lies in range ``j`` of :func:`~dgl_scalegnn.parallel.layout.split_bounds`
+``(N, T)``; tiles are stored one after another in row-major tile order, each sorted by
+``(row, col)``, as three flat arrays ``rows``, ``cols``, ``values`` and a
+``(T*T + 1,)`` offset array. A rank that needs the block ``[R0, R1) x [C0, C1)`` reads,
+for each row tile of ``[R0, R1)``, one contiguous run covering the column tiles of
+``[C0, C1)``: it reads its share plus at most a partial tile at each edge, whatever
+the grid shape. (A plain CSR would make it read whole rows: ``Gc`` times its share.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dgl_scalegnn.data.normalize import NormalizedCSR, csr_row_ids
+from dgl_scalegnn.parallel.layout import split_bounds
+
+__all__ = ["TiledAdjacency", "tile_adjacency", "default_tile_count", "BlockRead", "read_block"]
+
+
+def default_tile_count(num_nodes: int) -> int:
+    """256 tiles per axis (fewer for tiny graphs): partial tiles cost little on any grid."""
+    return max(1, min(256, num_nodes))
+
+
+def _index_dtype(num_nodes: int) -> type:
+    return np.int32 if num_nodes < 2**31 else np.int64
+
+
+@dataclass(frozen=True)
+class TiledAdjacency:
+    """The normalised adjacency in tiles; arrays may be memory-mapped.
+
+    ``offsets`` ``(T*T + 1,)`` int64; ``rows``/``cols`` ``(nnz,)`` int32 (int64 when
+    ``N >= 2^31``); ``values`` ``(nnz,)`` float32; ``degrees`` ``(N,)`` int64 of
+    :math:`A + I`.
+    """
+
+    num_nodes: int
+    tile_count: int
+    offsets: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    values: np.ndarray
+    degrees: np.ndarray
+
+    @property
+    def nnz(self) -> int:
+        return int(self.rows.shape[0])
+
+    def bounds(self) -> np.ndarray:
+        return np.asarray(split_bounds(self.num_nodes, self.tile_count), dtype=np.int64)
+
+
+def tile_adjacency(csr: NormalizedCSR, tile_count: int | None = None) -> TiledAdjacency:
+    """Reorder a CSR into tiles (a stable sort by tile keeps ``(row, col)`` order inside)."""
+    n = csr.num_nodes
+    tiles = tile_count or default_tile_count(n)
+    bounds = np.asarray(split_bounds(n, tiles), dtype=np.int64)
+    rows = csr_row_ids(csr.indptr)
+    tile_of_vertex = np.repeat(np.arange(tiles, dtype=np.int64), np.diff(bounds))
+    tile = tile_of_vertex[rows] * tiles + tile_of_vertex[csr.indices]
+    order = np.argsort(tile, kind="stable")
+    offsets = np.zeros(tiles * tiles + 1, dtype=np.int64)
+    np.cumsum(np.bincount(tile, minlength=tiles * tiles), out=offsets[1:])
+    index_dtype = _index_dtype(n)
+    return TiledAdjacency(
+        num_nodes=n,
+        tile_count=tiles,
+        offsets=offsets,
+        rows=rows[order].astype(index_dtype),
+        cols=csr.indices[order].astype(index_dtype),
+        values=csr.values[order],
+        degrees=csr.degrees,
+    )
+
+
+@dataclass(frozen=True)
+class BlockRead:
+    """A block read from tiles, as CSR over its rows, plus the bytes read to get it."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    bytes_read: int
+
+
+def _tile_range(bounds: np.ndarray, start: int, stop: int) -> range:
+    """Indices of the tiles that overlap vertex range ``[start, stop)``."""
+    if stop <= start:
+        return range(0)
+    first = int(np.searchsorted(bounds, start, side="right")) - 1
+    last = int(np.searchsorted(bounds, stop - 1, side="right")) - 1
+    return range(first, last + 1)
+
+
+def _runs(adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int]):
+    """Contiguous ``[start, stop)`` runs of stored entries that cover the block.
+
+    A row tile inside ``rows`` gives one run across the column tiles; a row tile cut by
+    an edge of ``rows`` is narrowed tile by tile with a binary search on its sorted rows.
+    """
+    bounds, tiles = adjacency.bounds(), adjacency.tile_count
+    col_tiles = _tile_range(bounds, *cols)
+    if not col_tiles:
+        return
+    for row_tile in _tile_range(bounds, *rows):
+        first = row_tile * tiles + col_tiles.start
+        if rows[0] <= bounds[row_tile] and bounds[row_tile + 1] <= rows[1]:
+            yield int(adjacency.offsets[first]), int(adjacency.offsets[first + len(col_tiles)])
+            continue
+        for tile in range(first, first + len(col_tiles)):
+            lo, hi = int(adjacency.offsets[tile]), int(adjacency.offsets[tile + 1])
+            tile_rows = adjacency.rows[lo:hi]
+            yield (
+                lo + int(np.searchsorted(tile_rows, rows[0])),
+                lo + int(np.searchsorted(tile_rows, rows[1])),
+            )
+
+
+def read_block(
+    adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int]
+) -> BlockRead:
+    """The block ``rows x cols`` as a CSR over ``rows`` (column ids global, sorted per row).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from dgl_scalegnn.data.normalize import gcn_normalize
+    >>> csr = gcn_normalize(np.array([0, 1, 2]), np.array([1, 2, 3]), 4)
+    >>> block = read_block(tile_adjacency(csr, tile_count=2), rows=(1, 3), cols=(2, 4))
+    >>> block.indptr.tolist(), block.indices.tolist()
+    ([0, 1, 3], [2, 2, 3])
+    """
+    (r0, r1), (c0, c1) = rows, cols
+    entry_bytes = adjacency.rows.itemsize + adjacency.cols.itemsize + adjacency.values.itemsize
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    bytes_read = 0
+    for start, stop in _runs(adjacency, rows, cols):
+        run_rows = np.asarray(adjacency.rows[start:stop], dtype=np.int64)
+        run_cols = np.asarray(adjacency.cols[start:stop], dtype=np.int64)
+        run_values = np.asarray(adjacency.values[start:stop])
+        bytes_read += (stop - start) * entry_bytes
+        inside = (run_rows >= r0) & (run_rows < r1) & (run_cols >= c0) & (run_cols < c1)
+        parts.append((run_rows[inside], run_cols[inside], run_values[inside]))
+    block_rows = np.concatenate([p[0] for p in parts] or [np.zeros(0, np.int64)])
+    block_cols = np.concatenate([p[1] for p in parts] or [np.zeros(0, np.int64)])
+    block_values = np.concatenate([p[2] for p in parts] or [np.zeros(0, adjacency.values.dtype)])
+    # Runs of several column tiles interleave rows: a stable sort by row keeps the
+    # columns of a row ascending, since column tiles ascend.
+    order = np.argsort(block_rows, kind="stable")
+    indptr = np.zeros(max(r1 - r0, 0) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(block_rows - r0, minlength=max(r1 - r0, 0)), out=indptr[1:])
+    return BlockRead(indptr, block_cols[order], block_values[order], bytes_read)

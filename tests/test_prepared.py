@@ -1,0 +1,153 @@
+"""Prepared directories: prepare -> verify round trip, corruption detection, and a rank
+reading only its share of a memory-mapped graph."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dgl_scalegnn.cli import main
+from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.data.graph import DatasetError
+from dgl_scalegnn.data.prepared import (
+    open_prepared,
+    prepare_in_memory,
+    verify_prepared,
+    write_prepared,
+)
+from dgl_scalegnn.data.synthetic import generate
+from dgl_scalegnn.dist.grid import Grid4D, GridShape
+from dgl_scalegnn.model.scalegnn import adjacency_planes, logits_layout
+from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, block_range
+from dgl_scalegnn.sampling.store import RankStore
+from tests.helpers import SHARED_DATA
+
+
+@pytest.fixture(scope="module")
+def synthetic_dir(tmp_path_factory):
+    graph = prepare_in_memory(generate(SyntheticConfig(num_nodes=6000)), permutation_seed=2)
+    return graph, write_prepared(graph, tmp_path_factory.mktemp("prepared") / "synthetic")
+
+
+def test_cli_prepare_then_verify_cora(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SCALEGNN_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "cora"
+    assert (
+        main(["prepare", "--dataset", "cora", "--root", str(SHARED_DATA), "--out", str(out)]) == 0
+    )
+    assert main(["prepare", "--verify", str(out)]) == 0
+    assert "ok (cora, 2708 vertices" in capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["format_version"] == 1 and meta["num_classes"] == 7
+    assert set(meta["files"]) >= {"offsets", "rows", "cols", "values", "features", "labels"}
+
+
+def test_memory_mapped_graph_equals_the_in_memory_one(synthetic_dir):
+    graph, directory = synthetic_dir
+    opened = open_prepared(directory)
+    for name, array in graph.arrays().items():
+        mapped = opened.arrays()[name]
+        assert isinstance(mapped, np.memmap), name
+        assert np.array_equal(mapped, array), name
+    assert opened.meta == graph.meta
+
+
+def _copy(directory, tmp_path):
+    target = tmp_path / "copy"
+    shutil.copytree(directory, target)
+    return target
+
+
+def test_changed_byte_is_detected_by_checksum(synthetic_dir, tmp_path):
+    target = _copy(synthetic_dir[1], tmp_path)
+    values = target / "values.npy"
+    data = bytearray(values.read_bytes())
+    data[-5] ^= 0xFF
+    values.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=r"values\.npy: SHA-256 differs"):
+        verify_prepared(target)
+    assert main(["prepare", "--verify", str(target)]) == 2
+
+
+def test_truncated_file_is_detected_at_open(synthetic_dir, tmp_path):
+    target = _copy(synthetic_dir[1], tmp_path)
+    features = target / "features.npy"
+    features.write_bytes(features.read_bytes()[:-100])
+    with pytest.raises(DatasetError, match=r"features\.npy: \d+ bytes, meta.json records"):
+        open_prepared(target)
+
+
+def test_other_format_version_and_missing_meta_are_refused(synthetic_dir, tmp_path):
+    target = _copy(synthetic_dir[1], tmp_path)
+    meta = json.loads((target / "meta.json").read_text())
+    meta["format_version"] = 99
+    (target / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match="format version 99"):
+        open_prepared(target)
+    (target / "meta.json").unlink()
+    with pytest.raises(DatasetError, match=r"meta\.json: missing"):
+        open_prepared(target)
+
+
+def _independent_share(graph, shape, rank, layers) -> dict[str, int]:
+    """A rank's share, computed with scipy from the whole adjacency (the oracle)."""
+    adjacency = graph.adjacency
+    n = graph.meta.num_nodes
+    matrix = sp.csr_matrix(
+        (
+            np.ones(adjacency.nnz),
+            (adjacency.rows.astype(np.int64), adjacency.cols.astype(np.int64)),
+        ),
+        shape=(n, n),
+    )
+    grid = Grid4D.view(shape, rank)
+    entry_bytes = adjacency.rows.itemsize + adjacency.cols.itemsize + adjacency.values.itemsize
+    entries = 0
+    for plane in adjacency_planes(layers):
+        r0, r1 = block_range(n, grid.size(plane.rows), grid.coord(plane.rows))
+        c0, c1 = block_range(n, grid.size(plane.cols), grid.coord(plane.cols))
+        entries += matrix[r0:r1, c0:c1].nnz
+    f_rows = block_range(n, grid.size(INPUT_LAYOUT.rows), grid.coord(INPUT_LAYOUT.rows))
+    f_cols = block_range(
+        graph.meta.num_features, grid.size(INPUT_LAYOUT.cols), grid.coord(INPUT_LAYOUT.cols)
+    )
+    label_axis = logits_layout(layers).rows
+    l_rows = block_range(n, grid.size(label_axis), grid.coord(label_axis))
+    vertex_bytes = (f_rows[1] - f_rows[0]) * (f_cols[1] - f_cols[0]) * 4
+    vertex_bytes += (l_rows[1] - l_rows[0]) * (graph.labels.itemsize + 3)
+    return {
+        "entries": entries,
+        "adjacency_bytes": entries * entry_bytes,
+        "vertex_bytes": vertex_bytes,
+    }
+
+
+def test_rank_of_2x2x2_grid_reads_only_its_share(synthetic_dir):
+    graph, directory = synthetic_dir
+    mapped = open_prepared(directory)
+    shape = GridShape.parse("1x2x2x2")
+    whole = sum(a.nbytes for a in graph.arrays().values())
+    for rank in range(shape.world_size):
+        store = RankStore(mapped, Grid4D.view(shape, rank), num_layers=3)
+        share = _independent_share(graph, shape, rank, layers=3)
+        expected = share["adjacency_bytes"] + share["vertex_bytes"]
+        assert sum(b.nnz for b in store.blocks.values()) == share["entries"]
+        # bytes copied out of the mapped files: its share, plus partial tiles at edges
+        assert store.bytes_read <= 1.25 * expected, (rank, store.bytes_read, expected)
+        # bytes it keeps: its blocks (as CSR with int64 ids) and vertex data, nothing else
+        resident_share = share["entries"] * 12 + share["vertex_bytes"]
+        resident_share += sum(
+            8 * (b.row_stop - b.row_start + 1)
+            + 4 * (b.row_stop - b.row_start + b.col_stop - b.col_start)
+            for b in store.blocks.values()
+        )
+        assert store.nbytes() <= 1.25 * resident_share
+        assert store.bytes_read < 0.5 * whole
+        print(
+            f"rank {rank}: share {expected} B, read {store.bytes_read} B, "
+            f"resident {store.nbytes()} B of {whole} B prepared"
+        )
