@@ -59,7 +59,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     from dgl_scalegnn.data.datasets import load_dataset
-    from dgl_scalegnn.data.prepared import prepare_in_memory, verify_prepared, write_prepared
+    from dgl_scalegnn.data.prepared import prepare_to_directory, verify_prepared
 
     if args.verify:
         meta = verify_prepared(args.verify)
@@ -76,9 +76,7 @@ def _prepare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     if not args.out:
         raise ConfigError("prepare: --out DIR is required (or --verify DIR)")
-    graph = prepare_in_memory(load_dataset(cfg.data), cfg.data.permutation_seed)
-    target = write_prepared(graph, args.out)
-    meta = graph.meta
+    meta, target = prepare_to_directory(load_dataset(cfg.data), args.out, cfg.data.permutation_seed)
     print(f"prepared {meta.name}: {meta.num_nodes} vertices, {meta.nnz} entries -> {target}")
     return 0
 

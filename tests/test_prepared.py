@@ -16,6 +16,7 @@ from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import (
     open_prepared,
     prepare_in_memory,
+    prepare_to_directory,
     verify_prepared,
     write_prepared,
 )
@@ -46,14 +47,18 @@ def test_cli_prepare_then_verify_cora(tmp_path, monkeypatch, capsys):
     assert set(meta["files"]) >= {"offsets", "rows", "cols", "values", "features", "labels"}
 
 
-def test_memory_mapped_graph_equals_the_in_memory_one(synthetic_dir):
+def test_memory_mapped_graph_equals_the_in_memory_one(synthetic_dir, tmp_path):
     graph, directory = synthetic_dir
-    opened = open_prepared(directory)
-    for name, array in graph.arrays().items():
-        mapped = opened.arrays()[name]
-        assert isinstance(mapped, np.memmap), name
-        assert np.array_equal(mapped, array), name
-    assert opened.meta == graph.meta
+    _, streamed = prepare_to_directory(
+        generate(SyntheticConfig(num_nodes=6000)), tmp_path / "streamed", permutation_seed=2
+    )
+    for opened in (open_prepared(directory), open_prepared(streamed)):
+        for name, array in graph.arrays().items():
+            mapped = opened.arrays()[name]
+            assert isinstance(mapped, np.memmap), name
+            assert np.array_equal(mapped, array), name
+            assert mapped.dtype == array.dtype, name
+        assert opened.meta == graph.meta
 
 
 def _copy(directory, tmp_path):

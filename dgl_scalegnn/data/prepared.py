@@ -37,6 +37,7 @@ __all__ = [
     "GraphMeta",
     "PreparedGraph",
     "prepare_in_memory",
+    "prepare_to_directory",
     "write_prepared",
     "open_prepared",
     "verify_prepared",
@@ -95,6 +96,74 @@ class PreparedGraph:
         return {**adjacency, **{name: getattr(self, name) for name in VERTEX_ARRAYS}}
 
 
+@dataclass(frozen=True)
+class _Reordered:
+    """Rows of ``source`` in the order ``order``, gathered chunk by chunk when written."""
+
+    source: np.ndarray
+    order: np.ndarray
+    dtype: np.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.order.shape[0], *self.source.shape[1:])
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        return np.ascontiguousarray(self.source[self.order[start:stop]], dtype=self.dtype)
+
+    def materialise(self) -> np.ndarray:
+        return self.rows(0, self.shape[0])
+
+
+def _stage(
+    dataset: NodeDataset, permutation_seed: int, tile_count: int | None
+) -> tuple[GraphMeta, dict[str, np.ndarray | _Reordered]]:
+    """The adjacency, computed now, and the vertex arrays, reordered lazily."""
+    graph = dataset.graph
+    num_nodes = graph.num_nodes()
+    permutation = np.random.default_rng(permutation_seed).permutation(num_nodes).astype(np.int64)
+    inverse = np.empty_like(permutation)
+    inverse[permutation] = np.arange(num_nodes, dtype=np.int64)
+    src, dst = (t.numpy() for t in graph.edges())
+    adjacency = tile_adjacency(
+        gcn_normalize(permutation[src], permutation[dst], num_nodes), tile_count
+    )
+    ndata = graph.ndata
+    label_dtype = np.dtype(np.float32 if dataset.multilabel else np.int64)
+    vertex = {
+        "features": _Reordered(ndata["feat"].numpy(), inverse, np.dtype(np.float32)),
+        "labels": _Reordered(ndata["label"].numpy(), inverse, label_dtype),
+        **{
+            mask: _Reordered(ndata[mask].numpy(), inverse, np.dtype(np.bool_))
+            for mask in ("train_mask", "val_mask", "test_mask")
+        },
+        "permutation": permutation,
+    }
+    meta = GraphMeta(
+        name=dataset.name,
+        num_nodes=num_nodes,
+        nnz=adjacency.nnz,
+        num_features=dataset.num_features,
+        num_classes=dataset.num_classes,
+        multilabel=dataset.multilabel,
+        permutation_seed=permutation_seed,
+        tile_count=adjacency.tile_count,
+    )
+    arrays = {name: getattr(adjacency, name) for name in ADJACENCY_ARRAYS}
+    return meta, {**arrays, **vertex}
+
+
+def _assemble(meta: GraphMeta, arrays: dict[str, np.ndarray]) -> PreparedGraph:
+    adjacency = TiledAdjacency(
+        num_nodes=meta.num_nodes,
+        tile_count=meta.tile_count,
+        **{name: arrays[name] for name in ADJACENCY_ARRAYS},
+    )
+    return PreparedGraph(
+        meta=meta, adjacency=adjacency, **{name: arrays[name] for name in VERTEX_ARRAYS}
+    )
+
+
 def prepare_in_memory(
     dataset: NodeDataset, permutation_seed: int = 0, tile_count: int | None = None
 ) -> PreparedGraph:
@@ -108,39 +177,12 @@ def prepare_in_memory(
     >>> graph.meta.num_nodes, graph.adjacency.offsets.shape
     (500, (65537,))
     """
-    graph = dataset.graph
-    num_nodes = graph.num_nodes()
-    permutation = np.random.default_rng(permutation_seed).permutation(num_nodes).astype(np.int64)
-    inverse = np.empty_like(permutation)
-    inverse[permutation] = np.arange(num_nodes, dtype=np.int64)
-    src, dst = (t.numpy() for t in graph.edges())
-    adjacency = tile_adjacency(
-        gcn_normalize(permutation[src], permutation[dst], num_nodes), tile_count
-    )
-    ndata = graph.ndata
-    labels = ndata["label"].numpy()
-    meta = GraphMeta(
-        name=dataset.name,
-        num_nodes=num_nodes,
-        nnz=adjacency.nnz,
-        num_features=dataset.num_features,
-        num_classes=dataset.num_classes,
-        multilabel=dataset.multilabel,
-        permutation_seed=permutation_seed,
-        tile_count=adjacency.tile_count,
-    )
-    return PreparedGraph(
-        meta=meta,
-        adjacency=adjacency,
-        features=np.ascontiguousarray(ndata["feat"].numpy()[inverse], dtype=np.float32),
-        labels=np.ascontiguousarray(labels[inverse]).astype(
-            np.float32 if dataset.multilabel else np.int64
-        ),
-        train_mask=ndata["train_mask"].numpy()[inverse],
-        val_mask=ndata["val_mask"].numpy()[inverse],
-        test_mask=ndata["test_mask"].numpy()[inverse],
-        permutation=permutation,
-    )
+    meta, staged = _stage(dataset, permutation_seed, tile_count)
+    arrays = {
+        name: value.materialise() if isinstance(value, _Reordered) else value
+        for name, value in staged.items()
+    }
+    return _assemble(meta, arrays)
 
 
 def _sha256(path: Path) -> str:
@@ -151,25 +193,37 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_prepared(graph: PreparedGraph, directory: str | os.PathLike[str]) -> Path:
-    """Write ``graph`` to ``directory`` atomically (a temporary sibling, then a rename)."""
+def _write_array(path: Path, value: np.ndarray | _Reordered) -> dict:
+    if isinstance(value, _Reordered):
+        out = np.lib.format.open_memmap(path, mode="w+", dtype=value.dtype, shape=value.shape)
+        row_bytes = max(1, int(np.prod(value.shape[1:], dtype=np.int64)) * value.dtype.itemsize)
+        step = max(1, _CHUNK_BYTES // row_bytes)
+        for start in range(0, value.shape[0], step):
+            out[start : start + step] = value.rows(start, start + step)
+        out.flush()
+        del out
+        dtype, shape = value.dtype, value.shape
+    else:
+        np.save(path, value)
+        dtype, shape = value.dtype, value.shape
+    return {
+        "file": path.name,
+        "dtype": str(dtype),
+        "shape": list(shape),
+        "bytes": path.stat().st_size,
+        "sha256": _sha256(path),
+    }
+
+
+def _write(meta: GraphMeta, arrays: dict, directory: str | os.PathLike[str]) -> Path:
+    """Write arrays and meta.json into a temporary sibling, then rename it into place."""
     target = Path(directory)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        files = {}
-        for name, array in graph.arrays().items():
-            path = staging / f"{name}.npy"
-            np.save(path, array)
-            files[name] = {
-                "file": path.name,
-                "dtype": str(array.dtype),
-                "shape": list(array.shape),
-                "bytes": path.stat().st_size,
-                "sha256": _sha256(path),
-            }
-        meta = {**asdict(graph.meta), "files": files}
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        files = {name: _write_array(staging / f"{name}.npy", arrays[name]) for name in ARRAY_NAMES}
+        record = {**asdict(meta), "files": files}
+        (staging / "meta.json").write_text(json.dumps(record, indent=2) + "\n")
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
@@ -177,6 +231,23 @@ def write_prepared(graph: PreparedGraph, directory: str | os.PathLike[str]) -> P
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def prepare_to_directory(
+    dataset: NodeDataset,
+    directory: str | os.PathLike[str],
+    permutation_seed: int = 0,
+    tile_count: int | None = None,
+) -> tuple[GraphMeta, Path]:
+    """Prepare ``dataset`` straight to disk: vertex arrays are reordered in chunks, so
+    peak memory is the dataset plus the adjacency being normalised."""
+    meta, staged = _stage(dataset, permutation_seed, tile_count)
+    return meta, _write(meta, staged, directory)
+
+
+def write_prepared(graph: PreparedGraph, directory: str | os.PathLike[str]) -> Path:
+    """Write an in-memory prepared graph to ``directory`` (atomically)."""
+    return _write(graph.meta, graph.arrays(), directory)
 
 
 def _read_meta(directory: Path) -> dict:

@@ -1,0 +1,21 @@
+"""No collective runs while ranks sample: every call into torch.distributed is counted."""
+
+from __future__ import annotations
+
+import json
+
+from dgl_scalegnn.dist.grid import GridShape
+from tests.helpers import run_ranks
+
+
+def test_no_collective_while_sampling(tmp_path):
+    grid = "2x1x2x1"  # two DP groups, a 2-way Y axis
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"grid": grid, "steps": 6, "out": str(tmp_path)}))
+    world = GridShape.parse(grid).world_size
+    run_ranks(world, ["-m", "tests.workers.count_collectives", str(spec)])
+    for rank in range(world):
+        counts = json.loads((tmp_path / f"counts{rank}.json").read_text())
+        assert counts["sampling"] == {}, f"rank {rank} communicated while sampling: {counts}"
+        # The counter works: a training step does call collectives.
+        assert counts["training"].get("all_reduce", 0) > 0
