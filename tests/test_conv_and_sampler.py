@@ -106,22 +106,25 @@ GRIDS = ["1x1x1x1", "1x2x1x1", "1x1x2x1", "1x1x1x2", "1x2x2x1", "1x2x2x2", "1x1x
 
 @pytest.mark.parametrize("grid", GRIDS)
 def test_rank_blocks_put_together_equal_the_single_process_subgraph(prepared, grid):
-    """Every rank builds its blocks alone; the union over ranks is the whole Ã_S."""
+    """Every rank builds its blocks alone; the union over ranks is the whole Ã_S.
+
+    Each rank keeps its column maps across the steps, as in training.
+    """
     shape = GridShape.parse(grid)
     n = prepared.meta.num_nodes
-    for step, batch_size in enumerate((13, 50, 97)):
-        sample = sample_vertices(n, batch_size, seed=100 + step)
-        expected = _rescaled_node_subgraph(prepared, sample)
-        for layers in (1, 3):
-            stores = [
-                RankStore(prepared, Grid4D.view(shape, r), layers) for r in range(shape.world_size)
-            ]
+    for layers in (1, 3):
+        stores = [
+            RankStore(prepared, Grid4D.view(shape, r), layers) for r in range(shape.world_size)
+        ]
+        for step, batch_size in enumerate((13, 50, 97, 2, 13)):
+            sample = sample_vertices(n, batch_size, seed=100 + step)
+            expected = _rescaled_node_subgraph(prepared, sample)
+            rows = RowPartition.of(sample, n, shape)
+            p = inclusion_probability(n, batch_size)
             for plane in stores[0].blocks:
                 assembled = torch.full((batch_size, batch_size), float("nan"))
-                rows = RowPartition.of(sample, n, shape)
                 for store in stores:
-                    csr = store.blocks[plane]
-                    block = extract_block(csr, sample, inclusion_probability(n, batch_size))
+                    block = extract_block(store.blocks[plane], sample, p, store.column_maps[plane])
                     r0, _ = rows.range(plane.rows, store.grid.coord(plane.rows))
                     c0, _ = rows.range(plane.cols, store.grid.coord(plane.cols))
                     local = block.dense()

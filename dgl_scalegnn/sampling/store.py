@@ -26,7 +26,7 @@ from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layo
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Plane, block_range
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import build_local_spmm
-from dgl_scalegnn.sampling.blocks import CSRBlock, extract_block, full_block
+from dgl_scalegnn.sampling.blocks import ColumnMap, CSRBlock, extract_block, full_block
 from dgl_scalegnn.sampling.uniform import inclusion_probability
 
 __all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees"]
@@ -94,6 +94,10 @@ class RankStore:
             block, bytes_read = load_csr_block(graph.adjacency, rows, cols)
             self.blocks[plane] = block.to(self.device)
             self.bytes_read += bytes_read
+        self.column_maps = {
+            plane: ColumnMap(block.col_start, block.col_stop, self.device)
+            for plane, block in self.blocks.items()
+        }
         self.feature_rows = self._vertex_range(INPUT_LAYOUT.rows)
         f0, f1 = block_range(
             graph.meta.num_features, grid.size(INPUT_LAYOUT.cols), grid.coord(INPUT_LAYOUT.cols)
@@ -132,7 +136,9 @@ class RankStore:
         p = inclusion_probability(self.num_nodes, int(sample.numel()))
         rows = RowPartition.of(sample, self.num_nodes, self.grid.shape)
         adjacency = {
-            plane: build_local_spmm(extract_block(block, sample, p), self.kernel)
+            plane: build_local_spmm(
+                extract_block(block, sample, p, self.column_maps[plane]), self.kernel
+            )
             for plane, block in self.blocks.items()
         }
         feature_rows = self._local(rows, INPUT_LAYOUT.rows, self.feature_rows[0])
