@@ -1,9 +1,10 @@
 """Process bootstrap: who launched us, which rank we are, and torch.distributed start-up.
 
-Ranks come from MPI (mpi4py) when launched by ``mpirun``/``srun``, from torchrun's
-environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...), or the process is alone.
-Under MPI, rank 0 picks the rendezvous address and a free port and broadcasts them
-with mpi4py; torch.distributed then carries all the data. The backend is NCCL on
+Ranks come from MPI (mpi4py) when launched by ``mpirun``, from Slurm's variables under
+``srun``, from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...), or
+the process is alone. Under MPI (and under ``srun`` without ``MASTER_ADDR``), rank 0
+picks the rendezvous address and a free port and broadcasts them with mpi4py;
+torch.distributed then carries all the data. The backend is NCCL on
 CUDA and gloo on CPU, from one code path.
 """
 
@@ -29,12 +30,14 @@ class LaunchInfo:
     rank: int
     world_size: int
     local_rank: int
-    launcher: str  # "mpi", "torchrun" or "single"
+    launcher: str  # "mpi", "slurm", "torchrun" or "single"
 
 
 def _launched_by_mpi() -> bool:
-    if any(int(os.environ.get(name, "1")) > 1 for name in _MPI_SIZE_VARIABLES):
-        return True
+    return any(int(os.environ.get(name, "1")) > 1 for name in _MPI_SIZE_VARIABLES)
+
+
+def _launched_by_srun() -> bool:
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
 
 
@@ -55,6 +58,13 @@ def detect_launch() -> LaunchInfo:
         info = LaunchInfo(comm.Get_rank(), comm.Get_size(), local.Get_rank(), "mpi")
         local.Free()
         return info
+    if _launched_by_srun():
+        return LaunchInfo(
+            rank=int(os.environ["SLURM_PROCID"]),
+            world_size=int(os.environ["SLURM_NTASKS"]),
+            local_rank=int(os.environ.get("SLURM_LOCALID", "0")),
+            launcher="slurm",
+        )
     return LaunchInfo(rank=0, world_size=1, local_rank=0, launcher="single")
 
 
@@ -99,7 +109,7 @@ def init_distributed(info: LaunchInfo, backend: str, timeout_s: float) -> None:
     """Start torch.distributed for a multi-process launch; a single process needs nothing."""
     if info.world_size == 1 or dist.is_initialized():
         return
-    if info.launcher == "mpi":
+    if info.launcher == "mpi" or (info.launcher == "slurm" and "MASTER_ADDR" not in os.environ):
         _share_rendezvous_over_mpi()
     dist.init_process_group(
         backend=backend,

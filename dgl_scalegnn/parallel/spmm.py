@@ -98,11 +98,13 @@ class _DGLWeighted:
 class _DGLScaled:
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
-        off = ~block.diagonal
-        rows, cols = block.rows[off], block.cols[off]
+        off = torch.nonzero(~block.diagonal).squeeze(1)
+        loops = torch.nonzero(block.diagonal).squeeze(1)
+        rows, cols = block.rows.index_select(0, off), block.cols.index_select(0, off)
         self._forward = _aggregation_block(cols, rows, block.num_cols, block.num_rows)
         self._backward = _aggregation_block(rows, cols, block.num_rows, block.num_cols)
-        self._loop_rows, self._loop_cols = block.rows[block.diagonal], block.cols[block.diagonal]
+        self._loop_rows = block.rows.index_select(0, loops)
+        self._loop_cols = block.cols.index_select(0, loops)
         self._row_scale = block.row_scale.unsqueeze(1)
         self._col_scale = block.col_scale.unsqueeze(1)
         self._inv_p = block.inv_p

@@ -5,11 +5,13 @@ column range ``[C0, C1)``. Given the sorted sample :math:`S` shared by its group
 
 1. locate :math:`S_r = S \\cap [R_0, R_1)` and :math:`S_c = S \\cap [C_0, C_1)` by binary
    search (both are contiguous slices of :math:`S`);
-2. gather the CSR rows of :math:`S_r` with a prefix sum over their lengths;
-3. keep entries whose column is in :math:`S_c` and remap both ends to positions in
-   :math:`S_r` and :math:`S_c`, with a map over the column range tagged by step: each
-   step writes the :math:`O(B)` entries of :math:`S_c` and never clears the rest
-   (measured 2-4x faster than a binary search in :math:`S_c`);
+2. gather the CSR rows of :math:`S_r`: a prefix sum over their lengths gives every
+   gathered entry its slot;
+3. keep entries whose column is in :math:`S_c`, found through a map over the column range
+   tagged by step (each step writes the :math:`O(B)` entries of :math:`S_c` and never
+   clears the rest; measured 2-4x faster than a binary search in :math:`S_c`), and
+   remap both ends to positions in :math:`S_r` (a binary search in the prefix sum, done
+   only for kept entries) and :math:`S_c`;
 4. divide off-diagonal values by :math:`p`.
 
 Everything is vectorised; no collective runs.
@@ -25,7 +27,7 @@ import torch
 from dgl_scalegnn.parallel.spmm import BlockCOO
 from dgl_scalegnn.sampling.uniform import rescale_off_diagonal
 
-__all__ = ["CSRBlock", "extract_block", "full_block", "gather_rows"]
+__all__ = ["CSRBlock", "ColumnMap", "extract_block", "full_block", "gather_rows"]
 
 
 _TENSOR_FIELDS = ("indptr", "indices", "values", "row_scale", "col_scale")
@@ -35,8 +37,9 @@ _TENSOR_FIELDS = ("indptr", "indices", "values", "row_scale", "col_scale")
 class CSRBlock:
     """The rank-resident block of the normalised adjacency.
 
-    ``indptr`` ``(R1 - R0 + 1,)`` int64 over local rows; ``indices`` ``(nnz,)`` int64
-    global column ids in ``[C0, C1)``, sorted within a row; ``values`` ``(nnz,)``
+    ``indptr`` ``(R1 - R0 + 1,)`` int64 over local rows; ``indices`` ``(nnz,)`` int32
+    column offsets in ``[0, C1 - C0)`` (int64 past :math:`2^{31}`), sorted within a row;
+    ``values`` ``(nnz,)``
     float32; ``row_scale`` / ``col_scale`` the :math:`\\hat d^{-1/2}` of the row and
     column ranges.
     """
@@ -67,44 +70,49 @@ class CSRBlock:
 
 
 def gather_rows(indptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Entry positions of CSR ``rows`` and, for each, the index of its row in ``rows``.
+    """Positions of the entries of CSR ``rows``, and the prefix sum of the row lengths.
 
-    The prefix sum of the row lengths gives every gathered entry its output slot; the
-    owner of a slot is recovered by ``repeat_interleave`` (a vectorised search).
+    The entry in output slot ``k`` belongs to ``rows[i]`` for the ``i`` with
+    ``ends[i-1] <= k < ends[i]`` (``torch.searchsorted(ends, k, right=True)``).
     """
-    starts = indptr[rows]
-    counts = indptr[rows + 1] - starts
-    owner = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), counts)
-    first_slot = torch.cumsum(counts, 0) - counts
-    positions = torch.arange(owner.numel(), device=rows.device) + (starts - first_slot)[owner]
-    return positions, owner
+    starts = indptr.index_select(0, rows)
+    counts = indptr.index_select(0, rows + 1) - starts
+    ends = torch.cumsum(counts, 0)
+    positions = torch.repeat_interleave(starts - (ends - counts), counts)
+    positions += torch.arange(positions.numel(), device=rows.device)
+    return positions, ends
 
 
 class ColumnMap:
-    """Position of each sampled column in :math:`S_c`, valid where tagged with this use.
+    """Where each column of the range lies in :math:`S_c`, tagged with the use it is for.
 
-    One map per block lives across steps; :meth:`locate` bumps the tag, writes the
-    :math:`O(|S_c|)` sampled entries and reads the candidates' entries.
+    One map per block lives across steps. Each entry is ``tag << 32 | position``; tags
+    only grow, so an entry belongs to the current use exactly when it is at least
+    ``current << 32``. :meth:`locate` writes the :math:`O(|S_c|)` sampled entries and
+    reads the candidates' entries, one gather each.
     """
 
-    def __init__(self, col_start: int, col_stop: int, device: torch.device | str = "cpu") -> None:
-        self.col_start = col_start
-        self._tag = torch.zeros(col_stop - col_start, dtype=torch.int32, device=device)
-        self._slot = torch.zeros(col_stop - col_start, dtype=torch.int64, device=device)
+    _SLOT_BITS = 32
+
+    def __init__(self, num_cols: int, device: torch.device | str = "cpu") -> None:
+        self._code = torch.zeros(num_cols, dtype=torch.int64, device=device)
         self._current = 0
 
     def locate(
-        self, col_ids: torch.Tensor, candidates: torch.Tensor
+        self, sampled: torch.Tensor, candidates: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """For global ids ``candidates``: whether each is in ``col_ids``, and its position."""
-        self._current = self._current % (2**31 - 1) + 1
-        if self._current == 1:  # the tag wrapped (or first use): forget every old entry
-            self._tag.zero_()
-        local = col_ids - self.col_start
-        self._tag[local] = self._current
-        self._slot[local] = torch.arange(col_ids.numel(), device=col_ids.device)
-        index = candidates - self.col_start
-        return self._tag[index] == self._current, self._slot[index]
+        """Indices of the ``candidates`` (column offsets) in ``sampled``, and their positions."""
+        self._current += 1
+        if self._current >= 2**30:  # never reached in practice; keeps codes in int64
+            self._code.zero_()
+            self._current = 1
+        base = self._current << self._SLOT_BITS
+        self._code.index_copy_(
+            0, sampled, base + torch.arange(sampled.numel(), device=sampled.device)
+        )
+        codes = self._code.index_select(0, candidates)
+        kept = torch.nonzero(codes >= base).squeeze(1)
+        return kept, codes.index_select(0, kept) - base
 
 
 def extract_block(
@@ -133,14 +141,15 @@ def extract_block(
     )
     r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, bounds).tolist()
     row_ids, col_ids = sample[r_lo:r_hi], sample[c_lo:c_hi]
-    positions, owner = gather_rows(csr.indptr, row_ids - csr.row_start)
-    candidate_cols = csr.indices[positions]
+    positions, ends = gather_rows(csr.indptr, row_ids - csr.row_start)
     if column_map is None:
-        column_map = ColumnMap(csr.col_start, csr.col_stop, sample.device)
-    hit, slot = column_map.locate(col_ids, candidate_cols)
-    rows, cols = owner[hit], slot[hit]
-    diagonal = row_ids[rows] == col_ids[cols]
-    values = rescale_off_diagonal(csr.values[positions[hit]], diagonal, p)
+        column_map = ColumnMap(csr.col_stop - csr.col_start, sample.device)
+    # index_select, not fancy indexing: ~3x faster on CPU for these sizes
+    kept, cols = column_map.locate(col_ids - csr.col_start, csr.indices.index_select(0, positions))
+    rows = torch.searchsorted(ends, kept, right=True)
+    diagonal = row_ids.index_select(0, rows) == col_ids.index_select(0, cols)
+    values = csr.values.index_select(0, positions.index_select(0, kept))
+    values = rescale_off_diagonal(values, diagonal, p)
     return BlockCOO(
         rows=rows,
         cols=cols,
@@ -160,12 +169,12 @@ def full_block(csr: CSRBlock) -> BlockCOO:
     rows = torch.repeat_interleave(
         torch.arange(num_rows, device=csr.indptr.device), torch.diff(csr.indptr)
     )
-    cols = csr.indices - csr.col_start
+    cols = csr.indices.long()
     return BlockCOO(
         rows=rows,
         cols=cols,
         values=csr.values,
-        diagonal=(rows + csr.row_start) == csr.indices,
+        diagonal=(rows + csr.row_start) == (cols + csr.col_start),
         row_scale=csr.row_scale,
         col_scale=csr.col_scale,
         inv_p=1.0,

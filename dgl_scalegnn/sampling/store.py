@@ -50,7 +50,9 @@ def load_csr_block(
         col_start=c0,
         col_stop=c1,
         indptr=torch.from_numpy(read.indptr),
-        indices=torch.from_numpy(read.indices),
+        indices=torch.from_numpy(
+            (read.indices - c0).astype(np.int32 if c1 - c0 < 2**31 else np.int64)
+        ),
         values=torch.from_numpy(read.values),
         row_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[r0:r1], dtype)),
         col_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[c0:c1], dtype)),
@@ -95,7 +97,7 @@ class RankStore:
             self.blocks[plane] = block.to(self.device)
             self.bytes_read += bytes_read
         self.column_maps = {
-            plane: ColumnMap(block.col_start, block.col_stop, self.device)
+            plane: ColumnMap(block.col_stop - block.col_start, self.device)
             for plane, block in self.blocks.items()
         }
         self.feature_rows = self._vertex_range(INPUT_LAYOUT.rows)
@@ -147,9 +149,9 @@ class RankStore:
             step=step,
             rows=rows,
             adjacency=adjacency,
-            features=self.features[feature_rows],
-            labels=self.labels[label_rows],
-            masks={split: mask[label_rows] for split, mask in self.masks.items()},
+            features=self.features.index_select(0, feature_rows),
+            labels=self.labels.index_select(0, label_rows),
+            masks={split: mask.index_select(0, label_rows) for split, mask in self.masks.items()},
         )
 
     def full_batch(self) -> RankBatch:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# A Slurm batch script: one rank per GPU, NCCL, all nodes of the allocation.
+#
+#   sbatch --nodes=2 launch/srun.sh 1x2x2x2 yaml/ogbn-products.yaml --set data.prepared=/scratch/products
+#
+# The process count is nodes x tasks-per-node and must equal the product of the grid.
+# Prepare the dataset once (`scalegnn prepare`), on a file system every node reads.
+#SBATCH --job-name=scalegnn
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --cpus-per-task=16
+#SBATCH --time=01:00:00
+#SBATCH --output=scalegnn-%j.out
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  sed -n '2,7p' "$0" >&2
+  exit 2
+fi
+grid=$1 config=$2
+shift 2
+root=${SCALEGNN_ROOT:-$SLURM_SUBMIT_DIR}
+
+# Rendezvous: the first node of the allocation (ranks read SLURM_PROCID/SLURM_NTASKS).
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+export MASTER_PORT=${MASTER_PORT:-29500}
+export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8}
+
+# Usual NCCL settings; adjust the interface to the site's high-speed network.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+export NCCL_ASYNC_ERROR_HANDLING=1          # a failed rank aborts the job instead of hanging
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+# export NCCL_SOCKET_IFNAME=hsn0            # e.g. Slingshot; ib0 on InfiniBand
+# export NCCL_NET_GDR_LEVEL=PHB             # GPUDirect RDMA where the NIC is close
+# export NCCL_CROSS_NIC=1
+
+srun --ntasks-per-node="${SLURM_NTASKS_PER_NODE:-4}" --gpus-per-task=1 --gpu-bind=closest \
+  "$root/.venv/bin/scalegnn" train --config "$config" --grid "$grid" --set parallel.backend=auto "$@"
