@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,67 +15,6 @@ from dgl_scalegnn.data.prepared import PreparedGraph
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 SHARED_DATA = ROOT.parent / "shared" / "datasets"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """Environment of a spawned rank: one thread each (2 cores, many ranks)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    env.update(extra)
-    return env
-
-
-def run_ranks(
-    world_size: int, argv: list[str], timeout: float = 600, env: dict[str, str] | None = None
-) -> list[subprocess.CompletedProcess[str]]:
-    """Start ``world_size`` processes as torchrun would (RANK, WORLD_SIZE, MASTER_*), wait.
-
-    Raises AssertionError with every rank's output when any rank fails.
-    """
-    port = str(free_port())
-    procs = []
-    for rank in range(world_size):
-        rank_env = child_env(
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            **(env or {}),
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *argv],
-                cwd=ROOT,
-                env=rank_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    results = []
-    for rank, proc in enumerate(procs):
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for other in procs:
-                other.kill()
-            raise AssertionError(f"rank {rank} timed out after {timeout} s") from None
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    failed = [r for r in results if r.returncode != 0]
-    if failed:
-        report = "\n".join(
-            f"--- rank {i} exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-            for i, r in enumerate(results)
-        )
-        raise AssertionError(f"{len(failed)} of {world_size} ranks failed:\n{report}")
-    return results
 
 
 def random_dataset(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from dgl_scalegnn.dist.grid import GridShape
-from tests.helpers import run_ranks
+from tests.ranks import spawn_ranks
 
 
 def test_no_collective_while_sampling(tmp_path):
@@ -13,7 +13,7 @@ def test_no_collective_while_sampling(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"grid": grid, "steps": 6, "out": str(tmp_path)}))
     world = GridShape.parse(grid).world_size
-    run_ranks(world, ["-m", "tests.workers.count_collectives", str(spec)])
+    spawn_ranks(world, "tests.workers.count_collectives:main", [str(spec)], tmp_path)
     for rank in range(world):
         counts = json.loads((tmp_path / f"counts{rank}.json").read_text())
         assert counts["sampling"] == {}, f"rank {rank} communicated while sampling: {counts}"

@@ -1,6 +1,6 @@
 """Rank worker: count calls into torch.distributed while sampling, then while training.
 
-Usage: ``python -m tests.workers.count_collectives SPEC.json``; writes
+Run by :func:`tests.ranks.spawn_ranks` as ``tests.workers.count_collectives:main``; writes
 ``counts{rank}.json`` with the calls seen during sampling and during one train step.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -67,7 +66,3 @@ def main(spec_path: str) -> None:
         )
     finally:
         end_session()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

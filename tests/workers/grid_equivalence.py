@@ -1,13 +1,13 @@
 """Rank worker: the parallel model's logits, loss and gradients for one sampled batch.
 
-Usage: ``python -m tests.workers.grid_equivalence SPEC.json`` on every rank (launched
-with RANK/WORLD_SIZE or alone). Saves ``rank{r}_L{layers}.pt`` to ``spec["out"]``.
+Run by :func:`tests.ranks.spawn_ranks` as ``tests.workers.grid_equivalence:main``.
+Saves ``rank{r}_L{layers}.pt`` to ``spec["out"]``; the deepest model also takes
+``spec["steps"]`` optimizer steps (the replica check).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -53,18 +53,15 @@ def main(spec_path: str) -> None:
                 "logits": logits.detach(),
                 "logit_rows": (row_start, row_stop),
                 "logit_cols": (col_start, col_stop),
-                "loss": float(loss),
+                "loss": loss.item(),
                 "grads": {n: p.grad.clone() for n, p in model.params.items()},
             }
             trainer.optimizer.step()
             record["params_step1"] = {n: p.detach().clone() for n, p in model.params.items()}
-            for step in range(1, spec.get("steps", 1)):
+            steps = spec.get("steps", 1) if layers == max(spec["layers"]) else 1
+            for step in range(1, steps):
                 trainer.train_step(trainer.sample(step))
             record["params_final"] = {n: p.detach().clone() for n, p in model.params.items()}
             torch.save(record, Path(spec["out"]) / f"rank{grid.rank}_L{layers}.pt")
     finally:
         end_session()
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

@@ -1,0 +1,386 @@
+"""What the peer baselines share: seeding, settings, the timed epoch loop and sweeps.
+
+Every baseline is an object with ``train_epoch()`` and ``evaluate() -> (val_acc,
+test_acc)`` (the :class:`Baseline` protocol). :func:`run_epochs` drives it and keeps
+the books in the common result format:
+
+``history``
+    One record per evaluation: ``epoch`` (1-based, epochs finished), ``train_s``
+    (cumulative wall time spent in ``train_epoch`` only, evaluation excluded),
+    ``val_acc``, ``test_acc`` and ``eval_s`` (wall time of that evaluation).
+``best_val_acc``, ``test_at_best_val``
+    The highest validation accuracy and the test accuracy of the same evaluation.
+``time_to_target_s``
+    ``train_s`` of the first evaluation with ``test_acc >= target_acc``; ``None`` when
+    no target is given or it is never reached.
+``eval_s_per_round``
+    The median ``eval_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.data.graph import NodeDataset
+
+__all__ = [
+    "Baseline",
+    "MiniBatchBaseline",
+    "RESULT_KEYS",
+    "HISTORY_KEYS",
+    "TrainFn",
+    "machine_cores",
+    "seed_everything",
+    "merge_settings",
+    "require_single_label",
+    "split_ids",
+    "accuracy",
+    "run_epochs",
+    "summarise",
+    "train_baseline",
+    "sweep",
+]
+
+#: Keys of the dictionary :func:`run_epochs` returns.
+RESULT_KEYS = (
+    "history",
+    "best_val_acc",
+    "test_at_best_val",
+    "time_to_target_s",
+    "eval_s_per_round",
+)
+#: Keys of each ``history`` record.
+HISTORY_KEYS = ("epoch", "train_s", "val_acc", "test_acc", "eval_s")
+
+
+class Baseline(Protocol):
+    """A model with its sampler and optimiser, ready to train epoch by epoch."""
+
+    def train_epoch(self) -> None:
+        """Run one epoch of mini-batch steps."""
+
+    def evaluate(self) -> tuple[float, float]:
+        """Return ``(val_acc, test_acc)`` of the current parameters."""
+
+
+#: ``train(dataset, settings, seed, target_acc, max_epochs, eval_every) -> result``.
+TrainFn = Callable[[NodeDataset, Mapping[str, Any], int, float | None, int, int], dict]
+
+
+def machine_cores() -> int:
+    """CPU cores this process may run on (2 on the benchmark machine)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def seed_everything(seed: int, threads: int | None = None) -> None:
+    """Seed Python, NumPy, torch and DGL's samplers; set torch's intra-op threads.
+
+    Parameters
+    ----------
+    seed : int
+        The seed of every generator. DGL's ``NeighborSampler`` draws from DGL's own
+        generator (``dgl.seed``); ``SAINTSampler`` and the data loaders' shuffles draw
+        from torch's.
+    threads : int, optional
+        Torch threads; the machine's cores by default.
+    """
+    torch.set_num_threads(threads or machine_cores())
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    dgl.seed(seed)
+
+
+def merge_settings(
+    defaults: Mapping[str, Any], settings: Mapping[str, Any] | None, method: str
+) -> dict[str, Any]:
+    """``defaults`` overridden by ``settings``; unknown keys are refused.
+
+    Raises
+    ------
+    ValueError
+        If ``settings`` has a key that ``defaults`` lacks (a typo would otherwise be
+        silently ignored).
+    """
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"{method}: unknown setting {unknown[0]!r}; the settings are "
+            f"{', '.join(sorted(defaults))}"
+        )
+    return {**defaults, **settings}
+
+
+def require_single_label(dataset: NodeDataset, method: str) -> None:
+    """Refuse multi-label data: the baselines train softmax classifiers."""
+    if dataset.multilabel:
+        raise ValueError(f"{method}: dataset {dataset.name!r} is multi-label; not supported")
+
+
+def split_ids(graph: dgl.DGLGraph, key: str) -> torch.Tensor:
+    """Vertex ids (int64) where the boolean ``graph.ndata[key]`` is true."""
+    return torch.nonzero(graph.ndata[key], as_tuple=True)[0]
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Fraction of rows whose arg-max is the label (0.0 for no rows)."""
+    if labels.numel() == 0:
+        return 0.0
+    return float((logits.argmax(dim=1) == labels).float().mean())
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+class MiniBatchBaseline(ABC):
+    """A :class:`Baseline` trained with Adam on mini-batches and softmax cross-entropy.
+
+    Subclasses say what a batch is (:meth:`batches`), what its loss is (:meth:`loss`)
+    and how to predict logits for given vertices (:meth:`predict`).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The network; trained by :meth:`train_epoch`.
+    labels : torch.Tensor
+        ``(N,)`` int64 class of every vertex.
+    val_ids, test_ids : torch.Tensor
+        The vertices :meth:`evaluate` scores.
+    settings : dict
+        With ``lr`` and ``weight_decay`` of Adam.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        labels: torch.Tensor,
+        val_ids: torch.Tensor,
+        test_ids: torch.Tensor,
+        settings: Mapping[str, Any],
+    ) -> None:
+        self.model = model
+        self.labels = labels
+        self.val_ids, self.test_ids = val_ids, test_ids
+        self.optimizer = torch.optim.Adam(
+            model.parameters(), lr=settings["lr"], weight_decay=settings["weight_decay"]
+        )
+
+    @abstractmethod
+    def batches(self) -> Iterator[Any]:
+        """The mini-batches of one epoch."""
+
+    @abstractmethod
+    def loss(self, batch: Any) -> torch.Tensor | None:
+        """The training loss of ``batch`` (``None``: nothing to learn from, skip it)."""
+
+    @abstractmethod
+    def predict(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the vertices ``ids`` (rows in the order of ``ids``), in eval mode."""
+
+    def train_epoch(self) -> None:
+        self.model.train()
+        for batch in self.batches():
+            loss = self.loss(batch)
+            if loss is None:
+                continue
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+
+    def evaluate(self) -> tuple[float, float]:
+        self.model.eval()
+        ids = torch.cat((self.val_ids, self.test_ids))
+        with torch.no_grad():
+            logits = self.predict(ids)
+        split = self.val_ids.numel()
+        return (
+            accuracy(logits[:split], self.labels[self.val_ids]),
+            accuracy(logits[split:], self.labels[self.test_ids]),
+        )
+
+
+def run_epochs(
+    baseline: Baseline,
+    target_acc: float | None,
+    max_epochs: int,
+    eval_every: int,
+    stop_at_target: bool = False,
+) -> dict[str, Any]:
+    """Train ``max_epochs`` epochs, evaluating every ``eval_every`` and after the last.
+
+    Parameters
+    ----------
+    baseline : Baseline
+        The model, sampler and optimiser.
+    target_acc : float or None
+        Test accuracy whose first crossing (at an evaluation) defines
+        ``time_to_target_s``.
+    max_epochs : int
+        Epochs to train.
+    eval_every : int
+        Evaluate after every ``eval_every``-th epoch (and after the last one).
+    stop_at_target : bool
+        Stop at the first evaluation that reaches ``target_acc``.
+
+    Returns
+    -------
+    dict
+        The result format described in the module docstring.
+    """
+    if max_epochs < 1 or eval_every < 1:
+        raise ValueError(f"max_epochs ({max_epochs}) and eval_every ({eval_every}) must be >= 1")
+    history: list[dict[str, Any]] = []
+    train_s = 0.0
+    for epoch in range(1, max_epochs + 1):
+        _, seconds = _timed(baseline.train_epoch)
+        train_s += seconds
+        if epoch % eval_every and epoch != max_epochs:
+            continue
+        (val_acc, test_acc), eval_s = _timed(baseline.evaluate)
+        history.append(
+            {
+                "epoch": epoch,
+                "train_s": train_s,
+                "val_acc": float(val_acc),
+                "test_acc": float(test_acc),
+                "eval_s": eval_s,
+            }
+        )
+        if stop_at_target and target_acc is not None and test_acc >= target_acc:
+            break
+    return summarise(history, target_acc)
+
+
+def train_baseline(
+    factory: Callable[[NodeDataset, dict[str, Any]], Baseline],
+    defaults: Mapping[str, Any],
+    method: str,
+    dataset: NodeDataset,
+    settings: Mapping[str, Any] | None,
+    seed: int,
+    target_acc: float | None,
+    max_epochs: int,
+    eval_every: int,
+    stop_at_target: bool = False,
+) -> dict[str, Any]:
+    """Seed, build the baseline (timed as ``setup_s``) and :func:`run_epochs` it.
+
+    Returns
+    -------
+    dict
+        The result format of the module docstring plus ``method``, ``settings`` (the
+        merged settings), ``seed`` and ``setup_s`` (building the model, sampler and, for
+        GraphSAINT, the normalisation; not part of ``train_s``).
+    """
+    require_single_label(dataset, method)
+    merged = merge_settings(defaults, settings, method)
+    seed_everything(seed)
+    baseline, setup_s = _timed(lambda: factory(dataset, merged))
+    result = run_epochs(baseline, target_acc, max_epochs, eval_every, stop_at_target)
+    return {**result, "method": method, "settings": merged, "seed": seed, "setup_s": setup_s}
+
+
+def summarise(history: list[dict[str, Any]], target_acc: float | None) -> dict[str, Any]:
+    """The result dictionary of a finished ``history`` (see the module docstring)."""
+    if not history:
+        raise ValueError("an empty history has no result")
+    best = max(history, key=lambda record: record["val_acc"])  # first of equals
+    reached = [
+        record["train_s"]
+        for record in history
+        if target_acc is not None and record["test_acc"] >= target_acc
+    ]
+    return {
+        "history": history,
+        "best_val_acc": best["val_acc"],
+        "test_at_best_val": best["test_acc"],
+        "time_to_target_s": reached[0] if reached else None,
+        "eval_s_per_round": statistics.median(record["eval_s"] for record in history),
+    }
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    array = np.asarray(values, dtype=np.float64)
+    std = float(array.std(ddof=1)) if array.size > 1 else 0.0
+    return float(array.mean()), std
+
+
+def _grid_row(settings: Mapping[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+    val_mean, val_std = _mean_std([r["best_val_acc"] for r in results])
+    test_mean, test_std = _mean_std([r["test_at_best_val"] for r in results])
+    return {
+        "settings": dict(settings),
+        "mean_val_acc": val_mean,
+        "std_val_acc": val_std,
+        "mean_test_acc": test_mean,
+        "std_test_acc": test_std,
+    }
+
+
+def sweep(
+    train: TrainFn,
+    dataset: NodeDataset,
+    grid: Sequence[Mapping[str, Any]],
+    seeds: Sequence[int],
+    target_acc: float | None = None,
+    max_epochs: int = 50,
+    eval_every: int = 1,
+) -> dict[str, Any]:
+    """Train every setting of ``grid`` with every seed; pick the best mean validation.
+
+    Parameters
+    ----------
+    train : callable
+        ``train(dataset, settings, seed, target_acc, max_epochs, eval_every)``.
+    dataset : NodeDataset
+        The graph.
+    grid : sequence of dict
+        Settings to try (each merged over the method's defaults by ``train``).
+    seeds : sequence of int
+        Seeds of each setting.
+    target_acc, max_epochs, eval_every
+        Passed to ``train``.
+
+    Returns
+    -------
+    dict
+        ``best_settings``, ``best_mean_val_acc``, ``results`` (the per-seed result
+        dictionaries of the best settings, in the order of ``seeds``) and ``table``
+        (per setting: ``settings``, ``mean_val_acc``, ``std_val_acc``,
+        ``mean_test_acc``, ``std_test_acc``; the test accuracy is taken at the best
+        validation accuracy of each run).
+    """
+    if not grid or not seeds:
+        raise ValueError("sweep needs at least one setting and one seed")
+    table, per_seed = [], []
+    for settings in grid:
+        results = [
+            train(dataset, settings, seed, target_acc, max_epochs, eval_every) for seed in seeds
+        ]
+        table.append(_grid_row(settings, results))
+        per_seed.append(results)
+    best = max(range(len(grid)), key=lambda i: table[i]["mean_val_acc"])
+    return {
+        "best_settings": dict(grid[best]),
+        "best_mean_val_acc": table[best]["mean_val_acc"],
+        "results": per_seed[best],
+        "table": table,
+    }

@@ -1,0 +1,121 @@
+"""Start a group of real rank processes quickly.
+
+Ranks are forked from a forkserver that has already imported torch, DGL and
+dgl_scalegnn (importing them costs ~3 s of CPU per process; 8 ranks on 2 cores would
+spend most of a test importing). Each rank gets the environment torchrun gives
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), one thread, and its own
+stdout/stderr files; a failing rank fails the test with every rank's output.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+_PRELOAD = [
+    "torch",
+    "dgl_scalegnn._dgl",
+    "dgl_scalegnn.train.run",
+    "dgl_scalegnn.cli",
+    "tests.helpers",
+]
+_context: Any = None
+
+
+def _forkserver():
+    global _context
+    if _context is None:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(_PRELOAD)
+    return _context
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _rank_main(target: str, args: list[Any], env: dict[str, str], log_dir: str, rank: int) -> None:
+    out = open(Path(log_dir) / f"rank{rank}.out", "w")  # noqa: SIM115 - lives as long as the rank
+    os.dup2(out.fileno(), 1)
+    os.dup2(out.fileno(), 2)
+    sys.stdout = sys.stderr = out
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(1)
+    module_name, function = target.split(":")
+    try:
+        result = getattr(importlib.import_module(module_name), function)(*args)
+    except SystemExit as stop:
+        out.flush()
+        os._exit(stop.code if isinstance(stop.code, int) else 1)
+    except BaseException:
+        traceback.print_exc()
+        out.flush()
+        os._exit(1)
+    out.flush()
+    os._exit(result if isinstance(result, int) else 0)
+
+
+def spawn_ranks(
+    world_size: int,
+    target: str,
+    args: list[Any],
+    log_dir: str | os.PathLike[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    expect_failure: bool = False,
+) -> list[tuple[int, str]]:
+    """Run ``module:function(*args)`` on ``world_size`` ranks; returns (exit code, output).
+
+    Unless ``expect_failure``, any non-zero exit raises AssertionError with all outputs.
+    """
+    context = _forkserver()
+    port = str(free_port())
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    processes = []
+    for rank in range(world_size):
+        rank_env = {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        process = context.Process(
+            target=_rank_main, args=(target, args, rank_env, str(log_dir), rank)
+        )
+        process.start()
+        processes.append(process)
+    for process in processes:
+        process.join(timeout)
+    timed_out = [rank for rank, p in enumerate(processes) if p.is_alive()]
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    results = [
+        (p.exitcode, (Path(log_dir) / f"rank{rank}.out").read_text())
+        for rank, p in enumerate(processes)
+    ]
+    failed = timed_out or any(code != 0 for code, _ in results)
+    if timed_out or (failed and not expect_failure):
+        report = "\n".join(
+            f"--- rank {rank} exit {code}\n{output[-4000:]}"
+            for rank, (code, output) in enumerate(results)
+        )
+        what = f"ranks {timed_out} timed out after {timeout} s" if timed_out else "ranks failed"
+        raise AssertionError(f"{what}:\n{report}")
+    return results
