@@ -39,6 +39,8 @@ def _train_config(args: argparse.Namespace) -> Config:
     overrides = list(args.set or [])
     if getattr(args, "grid", None):
         overrides.append(f"parallel.grid={args.grid}")
+    if getattr(args, "resume", False):
+        overrides.append("output.resume=true")
     return load_config(args.config, overrides)
 
 
@@ -92,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
         "--set", action="append", metavar="KEY=VALUE", help="override, e.g. model.hidden=64"
     )
     train.add_argument("--metrics", help="append JSON-lines metrics to this file")
+    train.add_argument(
+        "--resume", action="store_true", help="continue from output.dir's latest checkpoint"
+    )
     train.set_defaults(handler=_train)
 
     prepare = commands.add_parser("prepare", help="write or verify a prepared dataset directory")

@@ -234,6 +234,11 @@ def _check_choices_and_ranges(cfg: Config) -> None:
             "data.synthetic.train_fraction/val_fraction: got "
             f"{syn.train_fraction}/{syn.val_fraction}; both positive with a sum below 1"
         )
+    if cfg.output.checkpoint_every and not cfg.output.dir:
+        raise ConfigError(
+            f"output.checkpoint_every: got {cfg.output.checkpoint_every}, but output.dir is not "
+            "set; give output.dir (checkpoints go to output.dir/checkpoints)"
+        )
     if cfg.data.prepared is not None and not Path(cfg.data.prepared).is_dir():
         raise ConfigError(f"data.prepared: directory {cfg.data.prepared!r} does not exist")
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from dgl_scalegnn.dist.comm import Runtime, all_reduce
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN, RankBatch
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import sample_vertices, step_seed
+from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dgl_scalegnn.train.metrics import MetricsWriter
 
 __all__ = ["Trainer", "NonFiniteError", "steps_per_epoch"]
@@ -106,6 +108,40 @@ class Trainer:
             meta.num_nodes, cfg.sampling.batch_size, self.grid.shape.dp
         )
         self.progress = _Progress()
+        self.checkpoints = Path(cfg.output.dir) / "checkpoints" if cfg.output.dir else None
+        if cfg.output.resume:
+            self._resume()
+
+    # --------------------------------------------------------------- checkpoints
+    def _resume(self) -> None:
+        if self.checkpoints is None:
+            raise ConfigError("output.resume needs output.dir (where the checkpoints are)")
+        checkpoint = latest_checkpoint(self.checkpoints)
+        if checkpoint is None:
+            self.metrics.write("resume", checkpoint=None, note="no checkpoint yet; starting")
+            return
+        saved = load_checkpoint(
+            checkpoint,
+            grid=self.grid,
+            model=self.model,
+            optimizer=self.optimizer,
+            model_config=asdict(self.cfg.model),
+        )
+        self.progress = _Progress(**saved)
+        self.metrics.write("resume", checkpoint=str(checkpoint), step=self.progress.global_step)
+
+    def save(self) -> None:
+        """Write a checkpoint of the current step (collective; no-op without output.dir)."""
+        if self.checkpoints is None:
+            return
+        save_checkpoint(
+            self.checkpoints,
+            grid=self.grid,
+            model=self.model,
+            optimizer=self.optimizer,
+            progress=asdict(self.progress),
+            config=self.cfg.to_dict(),
+        )
 
     # ------------------------------------------------------------------ one step
     def sample(self, global_step: int) -> RankBatch:
@@ -186,6 +222,8 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
+        if cfg.output.checkpoint_every:
+            self.save()
         summary = {
             "best_val_acc": progress.best_val,
             "test_at_best_val": progress.test_at_best_val,
@@ -221,6 +259,9 @@ class Trainer:
             )
             progress.global_step += 1
             progress.step_in_epoch += 1
+            every = cfg.output.checkpoint_every
+            if every and progress.global_step % every == 0:
+                self.save()
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(epoch=progress.epoch, loss=f"{loss:.4f}")

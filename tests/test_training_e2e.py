@@ -1,0 +1,123 @@
+"""End-to-end training through the CLI: grid invariance, checkpoints, resume on any grid."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import yaml
+from dgl_scalegnn.dist.grid import GridShape
+from dgl_scalegnn.train.checkpoint import latest_checkpoint
+from dgl_scalegnn.train.metrics import read_metrics
+from tests.ranks import spawn_ranks
+
+CONFIG = {
+    "data": {"name": "synthetic", "synthetic": {"num_nodes": 2000, "num_features": 24, "seed": 1}},
+    "model": {"hidden": 24, "layers": 3, "dropout": 0.2},
+    "sampling": {"batch_size": 400, "seed": 3},
+    "train": {"epochs": 1, "eval_every": 1, "progress": False},
+    "optim": {"lr": 0.01},
+}
+
+
+def _train(tmp_path, name: str, grid: str, config: dict, *extra: str):
+    """Run ``scalegnn train`` on the ranks of ``grid``; returns its metrics events."""
+    config_path = tmp_path / f"{name}.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    metrics = tmp_path / f"{name}.jsonl"
+    argv = [
+        "train",
+        "--config",
+        str(config_path),
+        "--grid",
+        grid,
+        "--metrics",
+        str(metrics),
+        *extra,
+    ]
+    spawn_ranks(GridShape.parse(grid).world_size, "dgl_scalegnn.cli:main", [argv], tmp_path / name)
+    return read_metrics(metrics)
+
+
+def _losses(events) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in events if e["event"] == "step"}
+
+
+def _eval(events) -> dict:
+    return [e for e in events if e["event"] == "eval"][-1]
+
+
+def test_grid_invariance_end_to_end(tmp_path):
+    runs = {
+        grid: _train(tmp_path, grid, grid, CONFIG, "--set", "train.max_steps=5")
+        for grid in ("1x1x1x1", "1x2x2x2", "1x1x3x2")
+    }
+    reference = _losses(runs["1x1x1x1"])
+    assert sorted(reference) == [0, 1, 2, 3, 4]
+    for grid, events in runs.items():
+        config_event = events[0]
+        assert config_event["event"] == "config" and config_event["grid"] == grid
+        losses = _losses(events)
+        for step, loss in reference.items():
+            assert losses[step] == pytest.approx(loss, rel=1e-4), (grid, step)
+        accuracy = _eval(events)
+        for split in ("train_acc", "val_acc", "test_acc"):
+            assert accuracy[split] == pytest.approx(_eval(runs["1x1x1x1"])[split], abs=1e-3)
+        summary = events[-1]
+        assert summary["event"] == "summary" and summary["steps"] == 5
+
+
+def _with_checkpoints(tmp_path, name: str) -> dict:
+    config = json.loads(json.dumps(CONFIG))
+    config["train"]["epochs"] = 3
+    config["output"] = {"dir": str(tmp_path / name), "checkpoint_every": 2}
+    return config
+
+
+def test_resume_continues_with_the_same_losses_on_any_grid(tmp_path):
+    uninterrupted = _losses(
+        _train(tmp_path, "full", "1x2x2x1", _with_checkpoints(tmp_path, "full"))
+    )
+    assert len(uninterrupted) == 15
+    stopped = _with_checkpoints(tmp_path, "stopped")
+    first = _losses(_train(tmp_path, "first", "1x2x2x1", stopped, "--set", "train.max_steps=7"))
+    assert sorted(first) == list(range(7))
+    checkpoint = latest_checkpoint(tmp_path / "stopped" / "checkpoints")
+    assert checkpoint is not None and checkpoint.name == "step_00000007"
+    saved = tmp_path / "saved" / checkpoint.name
+    shutil.copytree(checkpoint, saved)  # the resumed run prunes old checkpoints
+    resumed = _losses(_train(tmp_path, "resumed", "1x2x2x1", stopped, "--resume"))
+    assert sorted(resumed) == list(range(7, 15))
+    for step, loss in resumed.items():
+        assert loss == uninterrupted[step], step  # same grid: bit-identical
+    for grid in ("1x1x2x2", "1x1x1x1"):
+        other = _with_checkpoints(tmp_path, f"other-{grid}")
+        target = tmp_path / f"other-{grid}" / "checkpoints"
+        shutil.copytree(saved, target / saved.name)
+        (target / "latest").write_text(saved.name)
+        moved = _losses(_train(tmp_path, f"moved-{grid}", grid, other, "--resume"))
+        assert sorted(moved) == list(range(7, 15))
+        for step, loss in moved.items():
+            assert loss == pytest.approx(uninterrupted[step], rel=1e-4), (grid, step)
+
+
+def test_checkpoint_killed_midway_leaves_the_previous_one_loadable(tmp_path):
+    config = _with_checkpoints(tmp_path, "crash")
+    config_path = tmp_path / "crash.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    argv = ["train", "--config", str(config_path), "--metrics", str(tmp_path / "crash.jsonl")]
+    results = spawn_ranks(
+        1,
+        "tests.workers.crash_during_checkpoint:main",
+        [argv, 4],
+        tmp_path / "logs",
+        expect_failure=True,
+    )
+    assert results[0][0] == -9  # killed by SIGKILL while writing step 4
+    checkpoints = tmp_path / "crash" / "checkpoints"
+    assert latest_checkpoint(checkpoints).name == "step_00000002"
+    assert (checkpoints / "step_00000004.partial").exists()
+    resumed = _losses(_train(tmp_path, "after-crash", "1x1x1x1", config, "--resume"))
+    assert min(resumed) == 2 and max(resumed) == 14
