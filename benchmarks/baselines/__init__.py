@@ -1,0 +1,36 @@
+"""Peer systems of the benchmarks, built from DGL's own components.
+
+- :mod:`.graphsaint`: GraphSAINT node sampling (``SAINTSampler(mode="node")``) with the
+  paper's loss and aggregator normalisation, a weighted ``GraphConv`` GCN, full-graph
+  evaluation.
+- :mod:`.graphsage`: GraphSAGE (``NeighborSampler`` + ``SAGEConv`` mean), layer-wise
+  neighbour-sampled evaluation.
+- :mod:`.distdgl`: DGL's distributed training (DistDGL servers and trainers on this
+  host, loopback only) of the same GraphSAGE.
+- :mod:`.training`: the shared epoch loop, result format and sweep;
+  :mod:`.run_peers`: the measurement command line.
+
+Importing this package sets ``OMP_WAIT_POLICY=passive`` unless it is set: torch and DGL
+each load their own OpenMP runtime (two copies of libgomp), and with the default
+active waiting two threads per process ran the baselines' steps about ten times slower
+than one thread on the 2-core benchmark machine under load (GraphSAGE epoch on the
+default synthetic graph: 2.6 s against 0.23 s passive). libgomp reads the variable
+when it is loaded, so it must be set before torch is imported: import this package
+first, or set it in the environment (the Makefile targets and the DistDGL launcher do).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+    if "torch" in sys.modules:
+        warnings.warn(
+            "benchmarks.baselines imported after torch: OMP_WAIT_POLICY=passive does not "
+            "apply to this process; set it in the environment for representative timings",
+            RuntimeWarning,
+            stacklevel=2,
+        )

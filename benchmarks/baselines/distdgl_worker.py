@@ -73,8 +73,7 @@ def patch_dgl() -> None:
         placeholder = sys.modules["dgl.graphbolt"]
         if not hasattr(placeholder, "FusedCSCSamplingGraph"):
             placeholder.FusedCSCSamplingGraph = type("FusedCSCSamplingGraph", (), {})
-    from dgl.distributed import rpc_client
-
+    rpc_client = dgl.distributed.rpc_client
     rpc_client.get_local_usable_addr = _loopback_address
     machine = os.environ.get(MACHINE_ENV)
     if machine is not None:
@@ -117,7 +116,9 @@ class DistGraphSAGE(training.MiniBatchBaseline):
         train_ids = dgl.distributed.node_split(ndata["train_mask"], book, force_even=True)
         batch_size = int(settings["batch_size"])
         self.steps = int(
-            _all_reduce([math.ceil(train_ids.numel() / batch_size)], torch.distributed.ReduceOp.MIN)[0]
+            _all_reduce(
+                [math.ceil(train_ids.numel() / batch_size)], torch.distributed.ReduceOp.MIN
+            )[0]
         )
         self.loader = dgl.dataloading.DistNodeDataLoader(
             graph,
@@ -176,8 +177,8 @@ class DistGraphSAGE(training.MiniBatchBaseline):
             drop_last=False,
         )
 
-    def predict(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(vertices, logits)`` of ``ids`` after the hidden layers of every vertex."""
+    def predict(self, ids: torch.Tensor) -> torch.Tensor:
+        """Logits of ``ids`` (in that order) after the hidden layers of every vertex."""
         sage: SAGE = self.model.module
         h = self.features
         for index, buffer in enumerate(self.buffers):
@@ -190,23 +191,20 @@ class DistGraphSAGE(training.MiniBatchBaseline):
         for input_nodes, output_nodes, blocks in self._layer_loader(ids):
             vertices.append(output_nodes)
             logits.append(sage.layer(last, blocks[0], h[input_nodes]))
-        return torch.cat(vertices), torch.cat(logits)
+        if not logits:
+            return torch.empty(0, sage.layer_width(last))
+        return _rows_in_order(torch.cat(vertices), torch.cat(logits), ids)
 
-    def evaluate(self) -> tuple[float, float]:
-        self.model.eval()
-        ids = torch.cat((self.val_ids, self.test_ids))
-        with torch.no_grad():
-            vertices, logits = self.predict(ids)
-        correct = (logits.argmax(dim=1) == self.labels[vertices]).double()
-        is_val = self.graph.ndata["val_mask"][vertices].bool()
-        counts = [
-            float(correct[is_val].sum()),
-            float(is_val.sum()),
-            float(correct[~is_val].sum()),
-            float((~is_val).sum()),
-        ]
-        val_ok, val_n, test_ok, test_n = _all_reduce(counts, torch.distributed.ReduceOp.SUM)
-        return val_ok / max(val_n, 1.0), test_ok / max(test_n, 1.0)
+    def reduce_counts(self, counts: list[float]) -> list[float]:
+        """Sum the correct and total counts of all trainers."""
+        return _all_reduce(counts, torch.distributed.ReduceOp.SUM)
+
+
+def _rows_in_order(vertices: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``rows`` (one per entry of ``vertices``) rearranged to the order of ``ids``."""
+    order = torch.argsort(vertices)
+    position = torch.searchsorted(vertices[order], ids)
+    return rows[order[position]]
 
 
 def _train(spec: Mapping[str, Any]) -> None:

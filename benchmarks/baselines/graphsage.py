@@ -19,6 +19,7 @@ Run ``python -m benchmarks.baselines.run_peers --method graphsage --dataset cora
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -92,7 +93,7 @@ class SAGE(nn.Module):
         widths = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         self.widths = tuple(widths)
         self.convs = nn.ModuleList(
-            dgl.nn.SAGEConv(a, b, "mean") for a, b in zip(widths[:-1], widths[1:])
+            dgl.nn.SAGEConv(a, b, "mean") for a, b in itertools.pairwise(widths)
         )
         self.dropout = nn.Dropout(dropout)
 
@@ -156,7 +157,9 @@ def layerwise_inference(
         )
         start = 0
         for input_nodes, output_nodes, blocks in loader:
-            out[start : start + output_nodes.numel()] = model.layer(index, blocks[0], h[input_nodes])
+            out[start : start + output_nodes.numel()] = model.layer(
+                index, blocks[0], h[input_nodes]
+            )
             start += output_nodes.numel()
         h = out
     return h

@@ -32,6 +32,7 @@ Run ``python -m benchmarks.baselines.run_peers --method graphsaint --dataset cor
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -145,8 +146,12 @@ def count_occurrences(
 
     def flush() -> None:
         if node_ids:
-            node_count.add_(torch.bincount(torch.cat(node_ids).long(), minlength=node_count.numel()))
-            edge_count.add_(torch.bincount(torch.cat(edge_ids).long(), minlength=edge_count.numel()))
+            node_count.add_(
+                torch.bincount(torch.cat(node_ids).long(), minlength=node_count.numel())
+            )
+            edge_count.add_(
+                torch.bincount(torch.cat(edge_ids).long(), minlength=edge_count.numel())
+            )
         node_ids.clear()
         edge_ids.clear()
 
@@ -218,7 +223,7 @@ class SaintGCN(nn.Module):
         widths = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         self.convs = nn.ModuleList(
             dgl.nn.GraphConv(a, b, norm="none", allow_zero_in_degree=True)
-            for a, b in zip(widths[:-1], widths[1:])
+            for a, b in itertools.pairwise(widths)
         )
         self.dropout = nn.Dropout(dropout)
 

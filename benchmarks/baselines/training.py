@@ -1,8 +1,10 @@
 """What the peer baselines share: seeding, settings, the timed epoch loop and sweeps.
 
 Every baseline is an object with ``train_epoch()`` and ``evaluate() -> (val_acc,
-test_acc)`` (the :class:`Baseline` protocol). :func:`run_epochs` drives it and keeps
-the books in the common result format:
+test_acc)`` (the :class:`Baseline` protocol; :class:`MiniBatchBaseline` implements it
+for Adam and cross-entropy). :func:`run_epochs` drives it and keeps the books in the
+common result format (:func:`train_baseline` seeds, builds and runs a baseline;
+:func:`sweep` tries a grid of settings):
 
 ``history``
     One record per evaluation: ``epoch`` (1-based, epochs finished), ``train_s``
@@ -44,7 +46,6 @@ __all__ = [
     "merge_settings",
     "require_single_label",
     "split_ids",
-    "accuracy",
     "run_epochs",
     "summarise",
     "train_baseline",
@@ -136,13 +137,6 @@ def split_ids(graph: dgl.DGLGraph, key: str) -> torch.Tensor:
     return torch.nonzero(graph.ndata[key], as_tuple=True)[0]
 
 
-def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """Fraction of rows whose arg-max is the label (0.0 for no rows)."""
-    if labels.numel() == 0:
-        return 0.0
-    return float((logits.argmax(dim=1) == labels).float().mean())
-
-
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     value = fn()
@@ -208,12 +202,23 @@ class MiniBatchBaseline(ABC):
         self.model.eval()
         ids = torch.cat((self.val_ids, self.test_ids))
         with torch.no_grad():
-            logits = self.predict(ids)
+            correct = (self.predict(ids).argmax(dim=1) == self.labels[ids]).double()
         split = self.val_ids.numel()
-        return (
-            accuracy(logits[:split], self.labels[self.val_ids]),
-            accuracy(logits[split:], self.labels[self.test_ids]),
-        )
+        counts = [
+            float(correct[:split].sum()),
+            float(split),
+            float(correct[split:].sum()),
+            float(self.test_ids.numel()),
+        ]
+        val_ok, val_n, test_ok, test_n = self.reduce_counts(counts)
+        return val_ok / max(val_n, 1.0), test_ok / max(test_n, 1.0)
+
+    def reduce_counts(self, counts: list[float]) -> list[float]:
+        """Combine ``[val_correct, val_total, test_correct, test_total]`` over processes.
+
+        One process scores every vertex: the counts are returned as they are.
+        """
+        return counts
 
 
 def run_epochs(

@@ -1,0 +1,166 @@
+"""Measure GraphSAINT-node and GraphSAGE: small sweep, seeds, accuracy, time to target.
+
+For each method a small grid is swept with every seed (evaluating after every epoch);
+the settings with the best mean validation accuracy are kept and reported with the test
+accuracy at the best validation accuracy (mean ± std over the seeds), the training time
+until the test accuracy first reaches the target (evaluation excluded), the median
+evaluation time per round and the set-up time. The target is ``--target`` or, by
+default, a reachable one: 97% of the lower of the two methods' mean test accuracies,
+rounded down to a hundredth. Results go to ``benchmarks/results/baselines_<dataset>.json``.
+
+Run ``python -m benchmarks.baselines.run_peers --dataset cora`` (``--dataset synthetic``
+for the default :class:`~dgl_scalegnn.config.SyntheticConfig` graph; ``--quick`` for a
+one-setting smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from benchmarks.baselines import graphsage, graphsaint, training
+from benchmarks.common import write_results
+from dgl_scalegnn.config import DataConfig, SyntheticConfig
+from dgl_scalegnn.data.datasets import load_dataset
+from dgl_scalegnn.data.graph import NodeDataset
+from dgl_scalegnn.data.synthetic import generate
+
+__all__ = ["METHODS", "GRIDS", "EPOCHS", "load", "reachable_target", "measure", "main"]
+
+METHODS: dict[str, ModuleType] = {"graphsaint": graphsaint, "graphsage": graphsage}
+
+#: Grids per (method, dataset); the first entry alone in ``--quick`` mode.
+GRIDS: dict[tuple[str, str], list[dict[str, Any]]] = {
+    ("graphsaint", "cora"): [
+        {"budget": b, "dropout": d, "hidden": 64, "lr": 0.01, "weight_decay": 5e-4}
+        for b in (1000, 2000)
+        for d in (0.2, 0.5)
+    ],
+    ("graphsage", "cora"): [
+        {"batch_size": bs, "lr": lr, "dropout": 0.5, "hidden": 64, "weight_decay": 5e-4}
+        for bs in (32, 64)
+        for lr in (0.003, 0.01)
+    ],
+    ("graphsaint", "synthetic"): [
+        {"budget": b, "dropout": d, "lr": 0.01} for b in (2000, 5000) for d in (0.2, 0.5)
+    ],
+    ("graphsage", "synthetic"): [
+        {"batch_size": bs, "lr": lr} for bs in (512, 1024) for lr in (0.003, 0.01)
+    ],
+}
+#: Epochs per dataset.
+EPOCHS = {"cora": 100, "synthetic": 30}
+
+
+def load(name: str, root: str = "/work/shared/datasets") -> NodeDataset:
+    """``cora`` (the public Planetoid split) or ``synthetic`` (default config)."""
+    if name == "synthetic":
+        return generate(SyntheticConfig())
+    os.environ.setdefault("SCALEGNN_CACHE_DIR", tempfile.mkdtemp(prefix="scalegnn-cache-"))
+    return load_dataset(DataConfig(name=name, root=root))
+
+
+def reachable_target(mean_test_accs: Sequence[float], fraction: float = 0.97) -> float:
+    """``fraction`` of the lowest mean test accuracy, rounded down to a hundredth."""
+    return math.floor(fraction * min(mean_test_accs) * 100) / 100
+
+
+def _mean_std(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "std": None}
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if array.size > 1 else 0.0}
+
+
+def _method_summary(results: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """Accuracy, time to ``target`` and evaluation time over the seeds' results."""
+    times = [training.summarise(r["history"], target)["time_to_target_s"] for r in results]
+    reached = [t for t in times if t is not None]
+    return {
+        "test_acc": _mean_std([r["test_at_best_val"] for r in results]),
+        "val_acc": _mean_std([r["best_val_acc"] for r in results]),
+        "time_to_target_s": _mean_std(reached),
+        "time_to_target_per_seed": times,
+        "reached": f"{len(reached)}/{len(results)}",
+        "eval_s_per_round": _mean_std([r["eval_s_per_round"] for r in results]),
+        "train_s_per_epoch": _mean_std(
+            [r["history"][-1]["train_s"] / r["history"][-1]["epoch"] for r in results]
+        ),
+        "setup_s": _mean_std([r["setup_s"] for r in results]),
+    }
+
+
+def measure(
+    dataset: NodeDataset,
+    dataset_key: str,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    max_epochs: int,
+    target: float | None = None,
+    quick: bool = False,
+) -> dict[str, Any]:
+    """Sweep every method, pick its best settings, summarise them against a target."""
+    sweeps = {}
+    for method in methods:
+        grid = GRIDS[(method, dataset_key)]
+        sweeps[method] = METHODS[method].sweep(
+            dataset, grid[:1] if quick else grid, seeds, None, max_epochs, 1
+        )
+    if target is None:
+        target = reachable_target([_best_mean_test(s) for s in sweeps.values()])
+    summary = {m: _method_summary(s["results"], target) for m, s in sweeps.items()}
+    return {"dataset": dataset.name, "target_acc": target, "summary": summary, "sweeps": sweeps}
+
+
+def _best_mean_test(sweep_result: Mapping[str, Any]) -> float:
+    return float(np.mean([r["test_at_best_val"] for r in sweep_result["results"]]))
+
+
+def _format(report: Mapping[str, Any]) -> str:
+    lines = [f"{report['dataset']}: target test accuracy {report['target_acc']:.2f}"]
+    for method, s in report["summary"].items():
+        acc, ttt, ev = s["test_acc"], s["time_to_target_s"], s["eval_s_per_round"]
+        best = report["sweeps"][method]["best_settings"]
+        time_text = "never" if ttt["mean"] is None else f"{ttt['mean']:.2f} ± {ttt['std']:.2f} s"
+        lines.append(
+            f"  {method:10s} test {acc['mean']:.4f} ± {acc['std']:.4f}  "
+            f"time to target {time_text} ({s['reached']})  "
+            f"eval {ev['mean']:.3f} s/round  settings {best}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dataset", default="cora", choices=("cora", "synthetic"))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--target", type=float, default=None)
+    parser.add_argument("--root", default="/work/shared/datasets")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-save", action="store_true")
+    args = parser.parse_args(argv)
+    dataset = load(args.dataset, args.root)
+    epochs = args.epochs or EPOCHS[args.dataset]
+    report = measure(
+        dataset, args.dataset, args.methods, args.seeds, epochs, args.target, args.quick
+    )
+    print(_format(report), flush=True)
+    if not args.no_save:
+        path = write_results(f"baselines_{args.dataset}", {"epochs": epochs, **report})
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The peer baselines: GraphSAINT-node, GraphSAGE, the shared loop and DistDGL.
+
+``benchmarks.baselines`` is imported before torch so that its ``OMP_WAIT_POLICY=passive``
+reaches torch's OpenMP runtime (see the package docstring).
+"""
+
+from __future__ import annotations
+
+import benchmarks.baselines  # noqa: F401  (before torch: sets OMP_WAIT_POLICY)
+
+# isort: split
+
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.baselines import distdgl, graphsage, graphsaint, training
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.data.graph import NodeDataset
+from dgl_scalegnn.data.synthetic import generate
+
+SMALL = SyntheticConfig(num_nodes=3000, seed=1)  # 8 classes: chance is 0.125
+#: A clear margin over chance (runs of a few epochs reach 0.5-0.6).
+MIN_ACCURACY = 0.4
+SAINT_SETTINGS = {"budget": 1000, "hidden": 32, "lr": 0.02}
+SAGE_SETTINGS = {"batch_size": 100, "hidden": 32, "fanouts": [5, 5], "lr": 0.01}
+
+
+@pytest.fixture(scope="module")
+def small() -> NodeDataset:
+    return generate(SMALL)
+
+
+def _tiny_graph() -> dgl.DGLGraph:
+    """Six vertices, a path plus a chord, both directions; vertices 0-2 train."""
+    pairs = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (0, 3)]
+    src = [u for u, v in pairs] + [v for u, v in pairs]
+    dst = [v for u, v in pairs] + [u for u, v in pairs]
+    graph = graphsaint.gcn_graph(dgl.graph((torch.tensor(src), torch.tensor(dst))))
+    graph.ndata["train_mask"] = torch.tensor([True, True, True, False, False, False])
+    return graph
+
+
+# --------------------------------------------------------------------------------------
+# GraphSAINT normalisation
+# --------------------------------------------------------------------------------------
+
+
+def test_saint_norm_matches_its_definition() -> None:
+    """Counts, 1/lambda_v and 1/alpha_{u,v} against a plain loop over the subgraphs."""
+    graph = _tiny_graph()
+    torch.manual_seed(0)
+    sampler = dgl.dataloading.SAINTSampler(mode="node", budget=3)
+    subgraphs = [sampler.sample(graph, None) for _ in range(300)]
+    node_count, edge_count, num = graphsaint.count_occurrences(graph, subgraphs)
+    train = graph.ndata["train_mask"]
+    norm = graphsaint.norm_from_counts(graph, node_count, edge_count, num, train)
+
+    nodes = np.zeros(graph.num_nodes(), dtype=np.int64)
+    edges = np.zeros(graph.num_edges(), dtype=np.int64)
+    src, dst = graph.edges()
+    for subgraph in subgraphs:
+        members = set(subgraph.ndata[dgl.NID].tolist())
+        for v in members:
+            nodes[v] += 1
+        for e in range(graph.num_edges()):
+            edges[e] += int(src[e].item() in members and dst[e].item() in members)
+    assert num == 300
+    np.testing.assert_array_equal(node_count.numpy(), nodes)
+    np.testing.assert_array_equal(edge_count.numpy(), edges)
+    assert (nodes > 0).all() and (edges > 0).all()  # no clamping in this check
+    num_train = int(train.sum())
+    expected_loss = np.where(train.numpy(), num / (nodes * num_train), 0.0)
+    np.testing.assert_allclose(norm.loss_norm.numpy(), expected_loss, rtol=1e-6)
+    # lambda_v * |V_L| = ... i.e. loss_norm * |V_L| = N_s / C_v on training vertices
+    np.testing.assert_allclose(
+        (norm.loss_norm * num_train)[train].numpy(), num / nodes[train.numpy()], rtol=1e-6
+    )
+    np.testing.assert_allclose(norm.aggr_norm.numpy(), nodes[dst.numpy()] / edges, rtol=1e-6)
+
+
+def test_saint_inclusion_frequency_is_the_samplers_probability() -> None:
+    """C_v / N_s estimates Pr[v in subgraph] = 1 - (1 - q_v)^B, q_v ∝ out-degree."""
+    graph = _tiny_graph()
+    budget, num = 3, 4000
+    torch.manual_seed(1)
+    sampler = dgl.dataloading.SAINTSampler(mode="node", budget=budget)
+    norm = graphsaint.estimate_norm(graph, sampler, num, graph.ndata["train_mask"])
+    degree = graph.out_degrees().double()
+    probability = 1 - (1 - degree / degree.sum()) ** budget
+    frequency = norm.node_count.double() / num
+    sigma = torch.sqrt(probability * (1 - probability) / num)
+    assert bool(((frequency - probability).abs() < 5 * sigma).all()), (frequency, probability)
+
+
+def test_gcn_graph_weights_are_symmetric_normalisation() -> None:
+    graph = _tiny_graph()
+    src, dst = graph.edges()
+    degree = graph.in_degrees().double()  # symmetric graph with one self loop each
+    expected = 1 / torch.sqrt(degree[src] * degree[dst])
+    torch.testing.assert_close(graph.edata["w"].double(), expected)
+    assert int((src == dst).sum()) == graph.num_nodes()
+
+
+# --------------------------------------------------------------------------------------
+# Training and the result format
+# --------------------------------------------------------------------------------------
+
+
+def _check_result(result: dict, max_epochs: int, wall_s: float) -> None:
+    for key in training.RESULT_KEYS:
+        assert key in result
+    history = result["history"]
+    assert history[-1]["epoch"] == max_epochs
+    for record in history:
+        assert set(training.HISTORY_KEYS) <= set(record)
+    train_s = [record["train_s"] for record in history]
+    assert train_s == sorted(train_s)
+    # training time excludes evaluation: both fit in the wall time together
+    assert train_s[-1] + sum(record["eval_s"] for record in history) <= wall_s
+    assert result["eval_s_per_round"] == pytest.approx(
+        float(np.median([record["eval_s"] for record in history]))
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "settings", "epochs"),
+    [(graphsaint, SAINT_SETTINGS, 6), (graphsage, SAGE_SETTINGS, 3)],
+    ids=["graphsaint", "graphsage"],
+)
+def test_baseline_learns_and_reports(module, settings, epochs, small) -> None:
+    start = time.perf_counter()
+    result = module.train(small, settings, 0, MIN_ACCURACY, epochs, 2)
+    wall_s = time.perf_counter() - start
+    _check_result(result, epochs, wall_s)
+    assert [r["epoch"] for r in result["history"]] == sorted({*range(2, epochs + 1, 2), epochs})
+    assert result["test_at_best_val"] > MIN_ACCURACY, result["history"]
+    assert result["time_to_target_s"] is not None
+    assert result["settings"]["lr"] == settings["lr"]
+
+
+@pytest.mark.parametrize(
+    ("module", "settings"),
+    [(graphsaint, SAINT_SETTINGS), (graphsage, SAGE_SETTINGS)],
+    ids=["graphsaint", "graphsage"],
+)
+def test_same_seed_same_run(module, settings, small) -> None:
+    runs = [module.train(small, settings, seed, None, 1, 1) for seed in (5, 5, 6)]
+    accuracies = [[(r["val_acc"], r["test_acc"]) for r in run["history"]] for run in runs]
+    assert accuracies[0] == accuracies[1]
+    assert accuracies[0] != accuracies[2]
+
+
+def test_unknown_setting_is_refused(small) -> None:
+    with pytest.raises(ValueError, match="unknown setting 'bugdet'"):
+        graphsaint.train(small, {"bugdet": 10}, 0, None, 1, 1)
+    with pytest.raises(ValueError, match="fanouts"):
+        graphsage.train(small, {"fanouts": [5]}, 0, None, 1, 1)
+
+
+def test_layerwise_inference_with_all_neighbours_is_exact(small) -> None:
+    training.seed_everything(0)
+    model = graphsage.SAGE(small.num_features, 16, small.num_classes, 2, 0.5).eval()
+    graph, features = small.graph, small.graph.ndata["feat"]
+    ids = torch.arange(0, graph.num_nodes(), 7)
+    sampler = dgl.dataloading.MultiLayerFullNeighborSampler(2)
+    input_nodes, output_nodes, blocks = sampler.sample(graph, ids)
+    with torch.no_grad():
+        expected = model(blocks, features[input_nodes])
+        actual = graphsage.layerwise_inference(model, graph, features, ids, -1, 500)
+    assert torch.equal(output_nodes, ids)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+class _Scripted:
+    """A baseline whose epochs and evaluations take known times."""
+
+    def __init__(self, accuracies: list[tuple[float, float]]) -> None:
+        self.accuracies = iter(accuracies)
+
+    def train_epoch(self) -> None:
+        time.sleep(0.02)
+
+    def evaluate(self) -> tuple[float, float]:
+        time.sleep(0.1)
+        return next(self.accuracies)
+
+
+def test_run_epochs_books_training_time_without_evaluation() -> None:
+    result = training.run_epochs(_Scripted([(0.5, 0.4), (0.7, 0.6), (0.6, 0.9)]), 0.55, 5, 2)
+    history = result["history"]
+    assert [r["epoch"] for r in history] == [2, 4, 5]
+    for record in history:
+        assert 0.02 * record["epoch"] <= record["train_s"] < 0.02 * record["epoch"] + 0.08
+        assert record["eval_s"] >= 0.1
+    assert (result["best_val_acc"], result["test_at_best_val"]) == (0.7, 0.6)
+    assert result["time_to_target_s"] == history[1]["train_s"]
+    stopped = training.run_epochs(_Scripted([(0.5, 0.4), (0.7, 0.6)]), 0.55, 9, 1, True)
+    assert [r["epoch"] for r in stopped["history"]] == [1, 2]
+    never = training.summarise(history, 0.95)
+    assert never["time_to_target_s"] is None
+
+
+def test_sweep_picks_best_mean_validation(small) -> None:
+    def fake_train(dataset, settings, seed, target_acc, max_epochs, eval_every) -> dict:
+        val = settings["quality"] + 0.01 * seed
+        history = [{"epoch": 1, "train_s": 1.0, "val_acc": val, "test_acc": val, "eval_s": 0.1}]
+        return training.summarise(history, target_acc)
+
+    grid = [{"quality": 0.5}, {"quality": 0.7}, {"quality": 0.6}]
+    result = training.sweep(fake_train, small, grid, [0, 1, 2])
+    assert result["best_settings"] == {"quality": 0.7}
+    assert result["best_mean_val_acc"] == pytest.approx(0.71)
+    assert [r["best_val_acc"] for r in result["results"]] == pytest.approx([0.7, 0.71, 0.72])
+    assert result["table"][1]["std_val_acc"] == pytest.approx(0.01)
+
+
+# --------------------------------------------------------------------------------------
+# DistDGL: two trainers on this host (about 20-30 s)
+# --------------------------------------------------------------------------------------
+
+
+def _worker_processes(work_dir: str) -> list[str]:
+    found = subprocess.run(
+        ["pgrep", "-f", f"benchmarks.baselines.distdgl_worker {work_dir}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return found.stdout.split()
+
+
+@pytest.mark.slow
+def test_distdgl_two_trainers_smoke(tmp_path) -> None:
+    result = distdgl.smoke_run(tmp_path)
+    assert result["num_trainers"] == 2
+    assert result["num_machines"] == (2 if result["topology"] == "machines" else 1)
+    for key in training.RESULT_KEYS:
+        assert key in result
+    assert [r["epoch"] for r in result["history"]] == [1, 2, 3]
+    assert result["test_at_best_val"] > 0.4  # 4 classes
+    assert not _worker_processes(str(tmp_path))

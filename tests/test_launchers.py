@@ -1,0 +1,63 @@
+"""The real launchers: Open MPI's mpirun (through launch/mpirun.sh) and torchrun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+import yaml
+from dgl_scalegnn.train.metrics import read_metrics
+from tests.helpers import ROOT
+from tests.ranks import spawn_ranks
+
+CONFIG = {
+    "data": {"name": "synthetic", "synthetic": {"num_nodes": 1500, "num_features": 16}},
+    "model": {"hidden": 16, "layers": 2},
+    "sampling": {"batch_size": 300},
+    "train": {"epochs": 1, "max_steps": 3, "progress": False},
+}
+
+
+def _launch(script: str, np_: int, grid: str, tmp_path, name: str) -> list[dict]:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    metrics = tmp_path / f"{name}.jsonl"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [str(ROOT / "launch" / script), str(np_), grid, str(config), "--metrics", str(metrics)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return read_metrics(metrics)
+
+
+def _single_process_losses(tmp_path) -> list[float]:
+    config = tmp_path / "single.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    metrics = tmp_path / "single.jsonl"
+    argv = ["train", "--config", str(config), "--metrics", str(metrics)]
+    spawn_ranks(1, "dgl_scalegnn.cli:main", [argv], tmp_path / "single")
+    return [e["loss"] for e in read_metrics(metrics, "step")]
+
+
+@pytest.mark.parametrize(
+    ("script", "np_", "grid", "launcher"),
+    [
+        ("mpirun.sh", 4, "1x1x2x2", "mpi"),
+        ("torchrun.sh", 2, "1x2x1x1", "torchrun"),
+    ],
+)
+def test_launcher_runs_the_grid_and_matches_one_process(tmp_path, script, np_, grid, launcher):
+    events = _launch(script, np_, grid, tmp_path, launcher)
+    config_event = events[0]
+    assert config_event["launcher"] == launcher
+    assert config_event["world_size"] == np_ and config_event["grid"] == grid
+    losses = [e["loss"] for e in events if e["event"] == "step"]
+    assert losses == pytest.approx(_single_process_losses(tmp_path), rel=1e-4)
+    assert events[-1]["event"] == "summary"
