@@ -2,21 +2,24 @@
 #   include benchmarks/baselines/distdgl.mk
 #
 # DistDGL (DGL 2.1.0's distributed runtime) runs in the project's .venv (torch 2.13):
-# no second virtualenv is needed, and `distdgl-env` only checks that it imports and
-# whether per-machine /dev/shm isolation (unshare, root) is available.
+# no second virtualenv is needed. `distdgl-env` checks that it imports and
+# whether per-machine /dev/shm isolation (unshare, root) is available, then runs a
+# two-trainer smoke launch (about 30 s).
 #
 #   make distdgl-env                     check the runtime
 #   make distdgl                         DistDGL time to target at DISTDGL_PROCS processes
+#                                        (synthetic graph of DISTDGL_NODES vertices)
 #   make peers                           GraphSAINT-node and GraphSAGE sweeps (Cora, synthetic)
 #
 # OMP_WAIT_POLICY=passive: torch and DGL each load their own libgomp; with active waiting
 # their threads spin against each other (see benchmarks/baselines/__init__.py).
 
 DISTDGL_PY ?= $(if $(PY),$(PY),.venv/bin/python)
-DISTDGL_PROCS ?= 1 2 4
+DISTDGL_PROCS ?= 1 2 4 8
+DISTDGL_SEEDS ?= 0 1 2
 DISTDGL_NODES ?= 50000
-DISTDGL_TARGET ?= 0.8
-DISTDGL_EPOCHS ?= 30
+DISTDGL_TARGET ?= 0.87
+DISTDGL_EPOCHS ?= 15
 DISTDGL_TOPOLOGY ?= auto
 DISTDGL_TIMEOUT ?= 1800
 DISTDGL_ENV := OMP_WAIT_POLICY=passive PYTHONPATH=$(CURDIR)
@@ -28,8 +31,8 @@ distdgl-env:
 
 distdgl:
 	$(DISTDGL_ENV) $(DISTDGL_PY) -m benchmarks.baselines.distdgl bench \
-		--procs $(DISTDGL_PROCS) --num-nodes $(DISTDGL_NODES) --target $(DISTDGL_TARGET) \
-		--max-epochs $(DISTDGL_EPOCHS) --topology $(DISTDGL_TOPOLOGY) \
+		--procs $(DISTDGL_PROCS) --seeds $(DISTDGL_SEEDS) --num-nodes $(DISTDGL_NODES) \
+		--target $(DISTDGL_TARGET) --max-epochs $(DISTDGL_EPOCHS) --topology $(DISTDGL_TOPOLOGY) \
 		--timeout $(DISTDGL_TIMEOUT) --out benchmarks/results/baselines_distdgl.json
 
 peers:

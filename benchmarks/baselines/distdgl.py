@@ -59,7 +59,7 @@ import torch
 
 from benchmarks.baselines.distdgl_worker import MACHINE_ENV, RANK_ENV, WORLD_ENV
 from benchmarks.baselines.graphsage import DEFAULTS as GRAPHSAGE_DEFAULTS
-from benchmarks.baselines.training import machine_cores
+from benchmarks.baselines.training import machine_cores, mean_std
 from dgl_scalegnn._dgl import GRAPHBOLT_STUBBED, dgl
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.graph import NodeDataset
@@ -79,6 +79,8 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+#: GraphSAGE settings of ``bench``: the best of the synthetic sweep (``run_peers``).
+BENCH_SETTINGS = {"batch_size": 512, "lr": 0.01}
 TOPOLOGIES = ("auto", "machines", "single")
 GRAPH_NAME = "graph"
 _NDATA = ("feat", "label", "train_mask", "val_mask", "test_mask")
@@ -551,11 +553,32 @@ def run(
 
 def _summary_line(result: Mapping[str, Any]) -> str:
     best = result["best_val_acc"], result["test_at_best_val"]
+    last = result["history"][-1]
     return (
-        f"P={result['num_trainers']} ({result['topology']}): time to target "
-        f"{result['time_to_target_s']} s, eval {result['eval_s_per_round']:.2f} s/round, "
+        f"P={result['num_trainers']} ({result['topology']}) seed {result['seed']}: "
+        f"time to target {_seconds(result['time_to_target_s'])}, "
+        f"{last['train_s'] / last['epoch']:.2f} s/epoch, "
+        f"eval {result['eval_s_per_round']:.2f} s/round, "
         f"best val {best[0]:.4f} (test {best[1]:.4f}), wall {result['wall_s']:.1f} s"
     )
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.2f} s"
+
+
+def _aggregate(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean and spread over the seeds of one process count."""
+    reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+    per_epoch = [r["history"][-1]["train_s"] / r["history"][-1]["epoch"] for r in runs]
+    return {
+        "num_trainers": runs[0]["num_trainers"],
+        "reached": f"{len(reached)}/{len(runs)}",
+        "time_to_target_s": mean_std(reached),
+        "train_s_per_epoch": mean_std(per_epoch),
+        "eval_s_per_round": mean_std([r["eval_s_per_round"] for r in runs]),
+        "test_at_best_val": mean_std([r["test_at_best_val"] for r in runs]),
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -565,11 +588,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-nodes", type=int, default=50_000)
     parser.add_argument("--topology", default="auto", choices=TOPOLOGIES)
     parser.add_argument("--part-method", default="metis", choices=("metis", "random"))
-    parser.add_argument("--target", type=float, default=0.8)
-    parser.add_argument("--max-epochs", type=int, default=20)
+    parser.add_argument("--target", type=float, default=0.87)
+    parser.add_argument("--max-epochs", type=int, default=15)
     parser.add_argument("--eval-every", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--settings", default="{}", help="GraphSAGE settings as JSON")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument(
+        "--settings",
+        default=json.dumps(BENCH_SETTINGS),
+        help="GraphSAGE settings as JSON (default: the synthetic sweep's best)",
+    )
     parser.add_argument(
         "--per-trainer-batch", action="store_true", help="batch_size per trainer, not global"
     )
@@ -602,26 +629,64 @@ def main(argv: list[str] | None = None) -> int:
             print(_summary_line(smoke_run()), flush=True)
         return 0
     dataset = generate(SyntheticConfig(num_nodes=args.num_nodes))
-    cfg = LaunchConfig(
+    runs, failures = [], []
+    for procs in args.procs:
+        for seed in args.seeds:
+            cfg = _bench_config(args, seed)
+            work = None if args.work_dir is None else Path(args.work_dir) / f"p{procs}s{seed}"
+            try:
+                result = run(dataset, procs, cfg, args.topology, work, args.part_method)
+            except DistDGLError as error:
+                failures.append({"num_trainers": procs, "seed": seed, "error": str(error)})
+                print(f"P={procs} seed {seed}: FAILED\n{error}", flush=True)
+                continue
+            print(_summary_line(result), flush=True)
+            runs.append(result)
+            _write_bench(args, runs, failures)
+    for row in _write_bench(args, runs, failures):
+        ttt, epoch = row["time_to_target_s"], row["train_s_per_epoch"]
+        time_text = "never" if ttt["mean"] is None else f"{ttt['mean']:.2f} ± {ttt['std']:.2f} s"
+        print(
+            f"P={row['num_trainers']}: time to target {time_text} ({row['reached']}), "
+            f"{epoch['mean']:.2f} s/epoch, eval {row['eval_s_per_round']['mean']:.2f} s/round"
+        )
+    return 1 if failures else 0
+
+
+def _bench_config(args: argparse.Namespace, seed: int) -> LaunchConfig:
+    return LaunchConfig(
         settings=json.loads(args.settings),
         global_batch=not args.per_trainer_batch,
-        seed=args.seed,
+        seed=seed,
         target_acc=args.target,
         max_epochs=args.max_epochs,
         eval_every=args.eval_every,
         stop_at_target=True,
         timeout_s=args.timeout,
     )
-    results = []
-    for procs in args.procs:
-        work = None if args.work_dir is None else Path(args.work_dir) / f"p{procs}"
-        result = run(dataset, procs, cfg, args.topology, work, args.part_method)
-        print(_summary_line(result), flush=True)
-        results.append(result)
-    if args.out:
-        payload = {"num_nodes": args.num_nodes, "runtime": check_runtime(), "runs": results}
-        Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
-    return 0
+
+
+def _write_bench(
+    args: argparse.Namespace, runs: list[dict[str, Any]], failures: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The per-process-count summary; everything is written to ``--out`` if given."""
+    summary = [
+        _aggregate([r for r in runs if r["num_trainers"] == procs])
+        for procs in args.procs
+        if any(r["num_trainers"] == procs for r in runs)
+    ]
+    if not args.out:
+        return summary
+    payload = {
+        "num_nodes": args.num_nodes,
+        "target_acc": args.target,
+        "runtime": check_runtime(),
+        "summary": summary,
+        "runs": runs,
+        "failures": failures,
+    }
+    Path(args.out).write_text(json.dumps(payload, indent=2) + "\n")
+    return summary
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ Evaluation
     makes it exact), from the outputs of layer ``l - 1``; the last layer only for the
     validation and test vertices.
 
-Run ``python -m benchmarks.baselines.run_peers --method graphsage --dataset cora``.
+Run ``python -m benchmarks.baselines.run_peers --methods graphsage --dataset cora``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Model
 Evaluation
     Full graph, one process: the same layers on :math:`\tilde A`, no dropout.
 
-Run ``python -m benchmarks.baselines.run_peers --method graphsaint --dataset cora``.
+Run ``python -m benchmarks.baselines.run_peers --methods graphsaint --dataset cora``.
 """
 
 from __future__ import annotations

@@ -73,28 +73,21 @@ def reachable_target(mean_test_accs: Sequence[float], fraction: float = 0.97) ->
     return math.floor(fraction * min(mean_test_accs) * 100) / 100
 
 
-def _mean_std(values: Sequence[float]) -> dict[str, float | None]:
-    if not values:
-        return {"mean": None, "std": None}
-    array = np.asarray(values, dtype=np.float64)
-    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if array.size > 1 else 0.0}
-
-
 def _method_summary(results: list[dict[str, Any]], target: float) -> dict[str, Any]:
     """Accuracy, time to ``target`` and evaluation time over the seeds' results."""
     times = [training.summarise(r["history"], target)["time_to_target_s"] for r in results]
     reached = [t for t in times if t is not None]
     return {
-        "test_acc": _mean_std([r["test_at_best_val"] for r in results]),
-        "val_acc": _mean_std([r["best_val_acc"] for r in results]),
-        "time_to_target_s": _mean_std(reached),
+        "test_acc": training.mean_std([r["test_at_best_val"] for r in results]),
+        "val_acc": training.mean_std([r["best_val_acc"] for r in results]),
+        "time_to_target_s": training.mean_std(reached),
         "time_to_target_per_seed": times,
         "reached": f"{len(reached)}/{len(results)}",
-        "eval_s_per_round": _mean_std([r["eval_s_per_round"] for r in results]),
-        "train_s_per_epoch": _mean_std(
+        "eval_s_per_round": training.mean_std([r["eval_s_per_round"] for r in results]),
+        "train_s_per_epoch": training.mean_std(
             [r["history"][-1]["train_s"] / r["history"][-1]["epoch"] for r in results]
         ),
-        "setup_s": _mean_std([r["setup_s"] for r in results]),
+        "setup_s": training.mean_std([r["setup_s"] for r in results]),
     }
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "split_ids",
     "run_epochs",
     "summarise",
+    "mean_std",
     "train_baseline",
     "sweep",
 ]
@@ -321,22 +322,24 @@ def summarise(history: list[dict[str, Any]], target_acc: float | None) -> dict[s
     }
 
 
-def _mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
+def mean_std(values: Sequence[float]) -> dict[str, float | None]:
+    """``{"mean", "std"}``: sample standard deviation, 0 for one value, ``None`` for none."""
+    if len(values) == 0:
+        return {"mean": None, "std": None}
     array = np.asarray(values, dtype=np.float64)
     std = float(array.std(ddof=1)) if array.size > 1 else 0.0
-    return float(array.mean()), std
+    return {"mean": float(array.mean()), "std": std}
 
 
 def _grid_row(settings: Mapping[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
-    val_mean, val_std = _mean_std([r["best_val_acc"] for r in results])
-    test_mean, test_std = _mean_std([r["test_at_best_val"] for r in results])
+    val = mean_std([r["best_val_acc"] for r in results])
+    test = mean_std([r["test_at_best_val"] for r in results])
     return {
         "settings": dict(settings),
-        "mean_val_acc": val_mean,
-        "std_val_acc": val_std,
-        "mean_test_acc": test_mean,
-        "std_test_acc": test_std,
+        "mean_val_acc": val["mean"],
+        "std_val_acc": val["std"],
+        "mean_test_acc": test["mean"],
+        "std_test_acc": test["std"],
     }
 
 

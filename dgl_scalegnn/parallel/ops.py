@@ -63,25 +63,28 @@ class _LinearFn(torch.autograd.Function):
         runtime, layout = ctx.runtime, ctx.layout
         grid, profiler, options = runtime.grid, runtime.profiler, runtime.options
         grad = grad.contiguous()
-        with profiler.region("gemm"):
-            grad_x = grad @ weight.t()
-        # dX (over rep) and dW (over rows) reduce on orthogonal groups: with overlap on,
-        # dX is in flight while dW is computed, and both are in flight together.
-        pending_x = start_all_reduce(
-            grad_x,
-            grid.group(layout.rep),
-            profiler,
-            low_precision=options.bf16,
-            async_op=options.overlap,
-        )
-        if not options.overlap:
-            pending_x.wait()
+        pending_x = None
+        if ctx.needs_input_grad[0]:  # input features need no gradient: skip dX entirely
+            with profiler.region("gemm"):
+                grad_x = grad @ weight.t()
+            # dX (over rep) and dW (over rows) reduce on orthogonal groups: with overlap
+            # on, dX is in flight while dW is computed, and both are in flight together.
+            pending_x = start_all_reduce(
+                grad_x,
+                grid.group(layout.rep),
+                profiler,
+                low_precision=options.bf16,
+                async_op=options.overlap,
+            )
+            if not options.overlap:
+                pending_x.wait()
         with profiler.region("gemm"):
             grad_w = x.t() @ grad
         pending_w = start_all_reduce(
             grad_w, grid.group(layout.rows), profiler, async_op=options.overlap
         )
-        return pending_x.wait(), pending_w.wait(), None, None
+        grad_x = pending_x.wait() if pending_x is not None else None
+        return grad_x, pending_w.wait(), None, None
 
 
 def parallel_linear(

@@ -1,0 +1,277 @@
+"""A communication, computation and memory model of one rank of the 4D algorithm.
+
+Given the workload (``N``, ``nnz``, ``B``, dimensions, layers) and the grid
+``Gd x Gx x Gy x Gz``, :func:`step_collectives` lists every collective a rank runs in
+one training step, following the operators' layout rules one by one, with its group
+kind, group size and payload; :func:`step_bytes` sums the payloads per group kind (the
+same accounting as :class:`~dgl_scalegnn.profiling.Profiler`). Batch rows split by
+vertex ranges, so a part of ``n`` vertices holds ``B n / N`` rows in expectation.
+:func:`step_time` turns payloads and flops into seconds for a :class:`Hardware`
+(ring all-reduce: :math:`2 (g-1)/g \\cdot b / \\beta + 2 (g-1) \\alpha`), and
+:func:`memory_bytes` predicts what a rank holds.
+
+Example
+-------
+>>> from dgl_scalegnn.dist.grid import GridShape
+>>> work = Workload(num_nodes=10_000, nnz=210_000, batch_size=2_000, in_features=64,
+...                 hidden=128, num_classes=8, layers=3)
+>>> sorted(step_bytes(work, GridShape.parse("1x2x2x2"), rank=0))
+['tp', 'x', 'y', 'z']
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.model.scalegnn import (
+    adjacency_planes,
+    layer_layouts,
+    logits_layout,
+    parameter_shards,
+)
+from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Layout, block_range
+
+__all__ = [
+    "Workload",
+    "Hardware",
+    "Collective",
+    "step_collectives",
+    "step_bytes",
+    "step_time",
+    "epoch_time",
+    "memory_bytes",
+]
+
+_FLOAT = 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one training step computes (global sizes)."""
+
+    num_nodes: int
+    nnz: int  # entries of the normalised adjacency, self loops included
+    batch_size: int
+    in_features: int
+    hidden: int
+    num_classes: int
+    layers: int
+    norm: bool = True
+    residual: bool = True
+    bf16_comm: bool = False
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(
+            hidden=self.hidden, layers=self.layers, norm=self.norm, residual=self.residual
+        )
+
+    @property
+    def batch_nnz(self) -> float:
+        """Expected entries of Ã_S: ``B`` self loops plus off-diagonal pairs kept with prob p."""
+        p = (self.batch_size - 1) / (self.num_nodes - 1)
+        return self.batch_size + (self.nnz - self.num_nodes) * self.batch_size / self.num_nodes * p
+
+    def steps_per_epoch(self, dp: int) -> int:
+        return max(1, math.ceil(math.ceil(self.num_nodes / self.batch_size) / dp))
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Rates seen by one rank.
+
+    ``bandwidth`` maps a group kind (``x``, ``y``, ``z``, ``tp``, ``dp``) to the
+    bytes/s its collectives get; ``latency_s`` per message step; ``gemm_flops`` the
+    dense float32 rate; ``memory_bw`` bytes/s of sparse and element-wise kernels.
+    """
+
+    bandwidth: dict[str, float]
+    latency_s: float
+    gemm_flops: float
+    memory_bw: float
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a step: its group kind and size, payload bytes and operation."""
+
+    kind: str
+    group_size: int
+    payload: float
+    operation: str  # "all_reduce" or "all_to_all"
+
+
+class _Rank:
+    """Expected local sizes of one rank."""
+
+    def __init__(self, work: Workload, shape: GridShape, coords: Coords) -> None:
+        self.work, self.shape, self.coords = work, shape, coords
+
+    def vertex_range(self, axis: Axis, index: int | None = None) -> tuple[int, int]:
+        index = self.coords.along(axis) if index is None else index
+        return block_range(self.work.num_nodes, self.shape.size(axis), index)
+
+    def rows(self, axis: Axis, scale_to: int | None = None) -> float:
+        """Expected batch rows of this rank's part along ``axis`` (of ``scale_to`` sampled)."""
+        start, stop = self.vertex_range(axis)
+        sampled = self.work.batch_size if scale_to is None else scale_to
+        return sampled * (stop - start) / self.work.num_nodes
+
+    def cols(self, width: int, axis: Axis, index: int | None = None) -> int:
+        index = self.coords.along(axis) if index is None else index
+        start, stop = block_range(width, self.shape.size(axis), index)
+        return stop - start
+
+    def size(self, axis: Axis) -> int:
+        return self.shape.size(axis)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
+    return max(0, min(a[1], b[1]) - max(a[0], b[0]))
+
+
+def _redistribute_sent(rank: _Rank, src: Layout, dst: Layout, width: int) -> float:
+    """Expected elements a rank sends to the others when a matrix moves from src to dst."""
+    shape, me, work = rank.shape, rank.coords, rank.work
+    my_rows = rank.vertex_range(src.rows)
+    my_cols = block_range(width, shape.size(src.cols), me.along(src.cols))
+    sent = 0.0
+    for tp_index in range(shape.tp_size):
+        peer = shape.coords(me.d * shape.tp_size + tp_index)
+        if peer == me or peer.along(src.rep) != me.along(src.rep):
+            continue
+        rows = _overlap(my_rows, rank.vertex_range(dst.rows, peer.along(dst.rows)))
+        cols = _overlap(my_cols, block_range(width, shape.size(dst.cols), peer.along(dst.cols)))
+        sent += work.batch_size * rows / work.num_nodes * cols
+    return sent
+
+
+def step_collectives(work: Workload, shape: GridShape, rank: int) -> list[Collective]:
+    """Every collective ``rank`` runs in one training step (size-1 groups are skipped)."""
+    me = _Rank(work, shape, shape.coords(rank))
+    pmm = 2 if work.bf16_comm else _FLOAT
+    calls: list[Collective] = []
+
+    def reduce(axis: Axis, elements: float, element_bytes: int = _FLOAT) -> None:
+        if me.size(axis) > 1:
+            calls.append(
+                Collective(str(axis), me.size(axis), elements * element_bytes, "all_reduce")
+            )
+
+    def linear(state: Layout, width_in: int, width_out: int, needs_dx: bool) -> None:
+        a, b, e = state.rows, state.cols, state.rep
+        reduce(b, me.rows(a) * me.cols(width_out, e), pmm)  # forward Y
+        if needs_dx:
+            reduce(e, me.rows(a) * me.cols(width_in, b), pmm)  # backward dX
+        reduce(a, me.cols(width_in, b) * me.cols(width_out, e))  # backward dW, float32
+
+    hidden = work.hidden
+    linear(INPUT_LAYOUT, work.in_features, hidden, needs_dx=False)
+    tp_size = shape.tp_size
+    for state in layer_layouts(work.layers)[: work.layers]:
+        r, c, o = state.rows, state.cols, state.rep
+        reduce(r, me.rows(o) * me.cols(hidden, c), pmm)  # SpMM forward
+        reduce(o, me.rows(r) * me.cols(hidden, c), pmm)  # SpMM backward dF
+        linear(state.after_spmm(), hidden, hidden, needs_dx=True)
+        if work.norm:
+            reduce(r, me.rows(o))  # sum of squares (forward)
+            reduce(r, me.rows(o))  # row dot products (backward)
+            reduce(o, me.cols(hidden, r))  # gain gradient
+        if work.residual and tp_size > 1:
+            after = state.after_gcn_layer()
+            for src, dst in ((state, after), (after, state)):  # forward, then backward
+                sent = _redistribute_sent(me, src, dst, hidden) * _FLOAT
+                calls.append(Collective("tp", tp_size, sent, "all_to_all"))
+    linear(layer_layouts(work.layers)[-1], hidden, work.num_classes, needs_dx=True)
+    logits = logits_layout(work.layers)
+    reduce(logits.cols, me.rows(logits.rows))  # row maximum
+    reduce(logits.cols, 2 * me.rows(logits.rows))  # sum of exponentials and target logit
+    reduce(logits.rows, 2)  # loss sum and labelled count
+    if shape.dp > 1:
+        elements = _parameter_elements(work, shape, me.coords) + 1  # + the loss
+        calls.append(Collective("dp", shape.dp, elements * _FLOAT, "all_reduce"))
+    return calls
+
+
+def _parameter_elements(work: Workload, shape: GridShape, coords: Coords) -> int:
+    total = 0
+    for shard in parameter_shards(work.model_config(), work.in_features, work.num_classes).values():
+        total += math.prod(s.stop - s.start for s in shard.local_slices(shape, coords))
+    return total
+
+
+def step_bytes(work: Workload, shape: GridShape, rank: int) -> dict[str, float]:
+    """Expected payload bytes per group kind that ``rank`` sends in one training step."""
+    out: dict[str, float] = defaultdict(float)
+    for call in step_collectives(work, shape, rank):
+        out[call.kind] += call.payload
+    return dict(out)
+
+
+def _collective_seconds(call: Collective, hardware: Hardware) -> float:
+    bandwidth = hardware.bandwidth.get(call.kind, min(hardware.bandwidth.values()))
+    steps = call.group_size - 1
+    if call.operation == "all_to_all":
+        return call.payload / bandwidth + steps * hardware.latency_s
+    return 2 * steps / call.group_size * call.payload / bandwidth + 2 * steps * hardware.latency_s
+
+
+def step_time(
+    work: Workload, shape: GridShape, hardware: Hardware, rank: int = 0
+) -> dict[str, float]:
+    """Seconds per component of one step of ``rank`` (sampling assumed prefetched)."""
+    me = _Rank(work, shape, shape.coords(rank))
+    seconds: dict[str, float] = defaultdict(float)
+    for call in step_collectives(work, shape, rank):
+        component = {"dp": "dp_allreduce", "tp": "redistribute"}.get(call.kind, "tp_allreduce")
+        seconds[component] += _collective_seconds(call, hardware)
+    hidden = work.hidden
+    states = layer_layouts(work.layers)
+    gemms = [(INPUT_LAYOUT, work.in_features, hidden, 2)]
+    gemms += [(s.after_spmm(), hidden, hidden, 3) for s in states[: work.layers]]
+    gemms.append((states[-1], hidden, work.num_classes, 3))
+    for state, width_in, width_out, products in gemms:
+        flops = (
+            2 * me.rows(state.rows) * me.cols(width_in, state.cols) * me.cols(width_out, state.rep)
+        )
+        seconds["gemm"] += products * flops / hardware.gemm_flops
+    for state in states[: work.layers]:
+        plane = state.spmm_plane()
+        share = me.rows(plane.rows, 1) * me.rows(plane.cols, 1)  # fraction of Ã_S entries
+        entries = work.batch_nnz * share
+        moved = entries * (8 + _FLOAT * me.cols(hidden, state.cols))  # index+value, one row
+        seconds["spmm"] += 2 * moved / hardware.memory_bw  # forward and backward
+        activations = me.rows(state.rep) * me.cols(hidden, state.rows) * _FLOAT
+        seconds["elementwise"] += 12 * activations / hardware.memory_bw  # norm, relu, dropout, add
+    return dict(seconds)
+
+
+def epoch_time(work: Workload, shape: GridShape, hardware: Hardware) -> float:
+    """Seconds per epoch: steps per epoch times the slowest rank's step."""
+    slowest = max(sum(step_time(work, shape, hardware, r).values()) for r in range(shape.tp_size))
+    return work.steps_per_epoch(shape.dp) * slowest
+
+
+def memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> dict[str, float]:
+    """Bytes a rank holds: graph share, model state, and one step's batch and activations."""
+    me = _Rank(work, shape, shape.coords(rank))
+    n = work.num_nodes
+    graph = 0.0
+    for plane in adjacency_planes(work.layers):
+        rows, cols = (me.rows(axis, n) for axis in (plane.rows, plane.cols))
+        graph += work.nnz * rows * cols / n**2 * (4 + _FLOAT) + (rows + 1) * 8
+        graph += (rows + cols) * _FLOAT + cols * 8  # degree scalings, column map
+    graph += me.rows(INPUT_LAYOUT.rows, n) * me.cols(work.in_features, INPUT_LAYOUT.cols) * _FLOAT
+    graph += me.rows(logits_layout(work.layers).rows, n) * (8 + 3)  # labels and masks
+    model = 4 * _parameter_elements(work, shape, me.coords) * _FLOAT  # weights, grads, Adam
+    batch = 0.0
+    activations = 0.0
+    for state in layer_layouts(work.layers)[: work.layers]:
+        plane = state.spmm_plane()
+        batch += work.batch_nnz * me.rows(plane.rows, 1) * me.rows(plane.cols, 1) * 2 * (8 + _FLOAT)
+        per_layer = me.rows(state.rep) * me.cols(work.hidden, state.rows) * _FLOAT
+        activations += 6 * per_layer  # saved for backward: H, C, norm input, masks, residual
+    return {"graph": graph, "model": model, "batch": batch, "activations": activations}
