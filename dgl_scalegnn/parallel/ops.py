@@ -454,6 +454,9 @@ def dropout_mask(
     key &= _MASK32
     row_hash = hash32((row_ids.to(torch.int64) & _MASK32) ^ key).unsqueeze(1)
     cols = torch.arange(col_start, col_start + num_cols, dtype=torch.int64, device=row_ids.device)
-    col_hash = hash32((cols * 0x9E3779B1 + (key >> 7)) & _MASK32).unsqueeze(0)
+    col_hash = hash32(hash32((cols + key) & _MASK32)).unsqueeze(0)
+    # Both halves are fully mixed; one multiply-xorshift round mixes the pair (the
+    # per-element work is what dominates dropout on CPU).
+    mixed = (row_hash ^ col_hash) * 0x45D9F3B & _MASK32
     threshold = int(rate * (1 << 32))
-    return hash32(row_hash ^ col_hash) >= threshold
+    return (mixed ^ (mixed >> 16)) >= threshold

@@ -122,7 +122,9 @@ class _DGLScaled:
         out = dgl.ops.copy_u_sum(graph, scaled)
         if self._inv_p != 1.0:
             out.mul_(self._inv_p)
-        out.index_add_(0, loop_out, scaled.index_select(0, loop_in))
+        # Each vertex has one self loop, so the targets are distinct: a gather, an add and a
+        # plain scatter (index_add_ was ~10x slower on CPU).
+        out.index_put_((loop_out,), out.index_select(0, loop_out) + scaled.index_select(0, loop_in))
         return out.mul_(out_scale.to(x.dtype))
 
     def matmul(self, features: torch.Tensor) -> torch.Tensor:
