@@ -15,6 +15,7 @@ Example
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -45,6 +46,7 @@ class Profiler:
     """
 
     def __init__(self, enabled: bool = True, synchronize: bool = False) -> None:
+        self._lock = threading.Lock()  # the prefetch thread records regions too
         self.enabled = enabled
         self.synchronize = synchronize and torch.cuda.is_available()
         self.seconds: dict[str, float] = defaultdict(float)
@@ -64,17 +66,29 @@ class Profiler:
         finally:
             if self.synchronize:
                 torch.cuda.synchronize()
-            self.seconds[component] += time.perf_counter() - start
-            self.calls[component] += 1
+            elapsed = time.perf_counter() - start
+            with self._lock:
+                self.seconds[component] += elapsed
+                self.calls[component] += 1
 
     def add_bytes(self, group_kind: str, count: int) -> None:
         if self.enabled:
-            self.bytes[group_kind] += int(count)
+            with self._lock:
+                self.bytes[group_kind] += int(count)
 
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        return {"seconds": dict(self.seconds), "bytes": dict(self.bytes), "calls": dict(self.calls)}
+    def snapshot(self, reset: bool = False) -> dict[str, dict[str, float]]:
+        """Seconds, bytes and calls so far (and start again from zero if ``reset``)."""
+        with self._lock:
+            state = {
+                "seconds": dict(self.seconds),
+                "bytes": dict(self.bytes),
+                "calls": dict(self.calls),
+            }
+            if reset:
+                self.seconds.clear()
+                self.bytes.clear()
+                self.calls.clear()
+        return state
 
     def reset(self) -> None:
-        self.seconds.clear()
-        self.bytes.clear()
-        self.calls.clear()
+        self.snapshot(reset=True)

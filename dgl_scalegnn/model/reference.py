@@ -25,7 +25,7 @@ from dgl_scalegnn.model.scalegnn import (
     init_global_parameter,
     parameter_shards,
 )
-from dgl_scalegnn.parallel.ops import dropout_mask
+from dgl_scalegnn.parallel.elementwise import hashed_dropout
 from dgl_scalegnn.sampling.uniform import mix_seed
 
 __all__ = ["ScaleGNN"]
@@ -84,8 +84,7 @@ class ScaleGNN(nn.Module):
     def _dropout(
         self, x: torch.Tensor, vertex_ids: torch.Tensor, step: int, layer: int, rate: float
     ) -> torch.Tensor:
-        keep = dropout_mask(mix_seed(self.seed, step, layer), vertex_ids, 0, x.shape[1], rate)
-        return x * keep.to(x.dtype) * (1.0 / (1.0 - rate))
+        return hashed_dropout(x, mix_seed(self.seed, step, layer), vertex_ids, 0, rate)
 
     def forward(
         self,

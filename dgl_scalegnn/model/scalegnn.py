@@ -26,16 +26,17 @@ from torch import nn
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.dist.comm import Runtime, all_reduce
 from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.parallel.elementwise import LayerTail, hashed_dropout
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Layout, Plane, block_range
 from dgl_scalegnn.parallel.ops import (
-    dropout_mask,
     parallel_argmax,
     parallel_bce,
     parallel_cross_entropy,
     parallel_linear,
-    parallel_rms_norm,
     parallel_spmm,
     redistribute,
+    reduce_grad,
+    sum_of_squares,
 )
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 from dgl_scalegnn.parallel.spmm import LocalSpMM
@@ -156,6 +157,8 @@ class ParallelScaleGNN(nn.Module):
         Initialisation and dropout seed.
     multilabel : bool
         Binary cross-entropy over classes instead of cross-entropy.
+    fuse : bool
+        Fuse each layer's element-wise tail with ``torch.compile``.
 
     Examples
     --------
@@ -176,8 +179,10 @@ class ParallelScaleGNN(nn.Module):
         runtime: Runtime,
         seed: int,
         multilabel: bool = False,
+        fuse: bool = False,
     ) -> None:
         super().__init__()
+        self.layer_tail = LayerTail(fuse)
         self.cfg, self.runtime, self.seed = cfg, runtime, seed
         self.in_features, self.num_classes, self.multilabel = in_features, num_classes, multilabel
         self.shards = parameter_shards(cfg, in_features, num_classes)
@@ -208,13 +213,7 @@ class ParallelScaleGNN(nn.Module):
             hidden, spec = parallel_linear(
                 hidden, self.params[f"layer{index}_weight"], spec, cfg.hidden, runtime
             )
-            if cfg.norm:
-                hidden = parallel_rms_norm(
-                    hidden, self.params[f"layer{index}_gain"], spec, cfg.rms_eps, runtime
-                )
-            hidden = self._activation(hidden, spec, batch.step, index, training)
-            if cfg.residual:
-                hidden = hidden + redistribute(layer_input, input_spec, spec.layout, runtime)
+            hidden = self._tail(hidden, spec, layer_input, input_spec, batch.step, index, training)
         return parallel_linear(hidden, self.params["head"], spec, self.num_classes, runtime)
 
     def _dropout(
@@ -224,20 +223,43 @@ class ParallelScaleGNN(nn.Module):
         grid = self.runtime.grid
         with self.runtime.profiler.region("elementwise"):
             row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
-            col_start, col_stop = spec.col_range(grid.shape, grid.coords)
-            keep = dropout_mask(
-                mix_seed(self.seed, step, layer), row_ids, col_start, col_stop - col_start, rate
-            )
-            return x * keep.to(x.dtype) * (1.0 / (1.0 - rate))
+            col_start, _ = spec.col_range(grid.shape, grid.coords)
+            return hashed_dropout(x, mix_seed(self.seed, step, layer), row_ids, col_start, rate)
 
-    def _activation(
-        self, hidden: torch.Tensor, spec: ShardSpec, step: int, layer: int, training: bool
+    def _tail(
+        self,
+        hidden: torch.Tensor,
+        spec: ShardSpec,
+        layer_input: torch.Tensor,
+        input_spec: ShardSpec,
+        step: int,
+        layer: int,
+        training: bool,
     ) -> torch.Tensor:
-        with self.runtime.profiler.region("elementwise"):
-            hidden = torch.relu(hidden)
-        if training and self.cfg.dropout > 0:
-            hidden = self._dropout(hidden, spec, step, layer, self.cfg.dropout)
-        return hidden
+        """RMSNorm, ReLU, dropout and residual: communication here, element-wise fused."""
+        cfg, runtime = self.cfg, self.runtime
+        grid = runtime.grid
+        square_sum = gain = residual = None
+        if cfg.norm:
+            square_sum = sum_of_squares(hidden, spec, runtime)
+            gain = reduce_grad(self.params[f"layer{layer}_gain"], spec.layout.rows, runtime)
+        if cfg.residual:
+            residual = redistribute(layer_input, input_spec, spec.layout, runtime)
+        col_start, _ = spec.col_range(grid.shape, grid.coords)
+        key = torch.tensor(mix_seed(self.seed, step, layer), device=hidden.device)
+        with runtime.profiler.region("elementwise"):
+            return self.layer_tail(
+                hidden,
+                square_sum,
+                gain,
+                residual,
+                spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows)),
+                key,
+                col_start,
+                spec.num_cols,
+                cfg.rms_eps,
+                cfg.dropout if training else 0.0,
+            )
 
     def loss(
         self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch, split: str = "train"

@@ -10,7 +10,7 @@ operator           forward                     backward
 linear  X W        all-reduce group(b)         dX: all-reduce group(e);
                                                dW: all-reduce group(a)
 SpMM    A F        all-reduce group(a)         dF: all-reduce group(e)
-RMSNorm            sum of squares, group(b)    row sums, group(b); d gain, group(a)
+RMSNorm            sum of squares, group(b)    the same, group(b); gain: group(a)
 redistribute       all-to-all over the TP grid the reverse all-to-all
 cross-entropy      max/sum-exp over group(b),  local
                    loss over group(a)
@@ -27,14 +27,15 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.dist.comm import Runtime, all_reduce, all_to_all, start_all_reduce
-from dgl_scalegnn.parallel.layout import Layout
+from dgl_scalegnn.parallel.layout import Axis, Layout
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.parallel.spmm import LocalSpMM
 
 __all__ = [
     "parallel_linear",
     "parallel_spmm",
-    "parallel_rms_norm",
+    "sum_of_squares",
+    "reduce_grad",
     "redistribute",
     "parallel_cross_entropy",
     "parallel_bce",
@@ -162,54 +163,57 @@ def parallel_spmm(
 
 
 # -------------------------------------------------------------------------- RMSNorm
-class _RMSNormFn(torch.autograd.Function):
+class _SumOfSquaresFn(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx: Any,
-        x: torch.Tensor,
-        gain: torch.Tensor,
-        runtime: Runtime,
-        layout: Layout,
-        width: int,
-        eps: float,
-    ):
-        profiler, grid = runtime.profiler, runtime.grid
-        with profiler.region("elementwise"):
+    def forward(ctx: Any, x: torch.Tensor, runtime: Runtime, layout: Layout):
+        ctx.save_for_backward(x)
+        ctx.runtime, ctx.layout = runtime, layout
+        with runtime.profiler.region("elementwise"):
             square_sum = (x * x).sum(dim=1, keepdim=True)
         # Statistics stay float32 even when PMM traffic is bfloat16.
-        square_sum = all_reduce(square_sum, grid.group(layout.cols), profiler)
-        with profiler.region("elementwise"):
-            inv_rms = torch.rsqrt(square_sum / width + eps)
-            y = x * inv_rms * gain
-        ctx.save_for_backward(x, gain, inv_rms)
-        ctx.runtime, ctx.layout, ctx.width = runtime, layout, width
-        return y
+        return all_reduce(square_sum, runtime.grid.group(layout.cols), runtime.profiler)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        x, gain, inv_rms = ctx.saved_tensors
-        runtime, layout = ctx.runtime, ctx.layout
-        profiler, grid = runtime.profiler, runtime.grid
-        with profiler.region("elementwise"):
-            scaled = grad * gain
-            row_dot = (scaled * x).sum(dim=1, keepdim=True)
-            grad_gain = (grad * x * inv_rms).sum(dim=0)
-        row_dot = all_reduce(row_dot, grid.group(layout.cols), profiler)
-        with profiler.region("elementwise"):
-            grad_x = inv_rms * scaled - x * (inv_rms.pow(3) * row_dot / ctx.width)
-        grad_gain = all_reduce(grad_gain, grid.group(layout.rows), profiler)
-        return grad_x, grad_gain, None, None, None, None
+        (x,) = ctx.saved_tensors
+        runtime = ctx.runtime
+        # Every rank of the group used the sum with its own columns: add their gradients.
+        grad = all_reduce(grad.contiguous(), runtime.grid.group(ctx.layout.cols), runtime.profiler)
+        return 2.0 * x * grad, None, None
 
 
-def parallel_rms_norm(
-    x: torch.Tensor, gain: torch.Tensor, spec: ShardSpec, eps: float, runtime: Runtime
-) -> torch.Tensor:
-    """:math:`y = x / \\sqrt{\\mathrm{mean}_j x_j^2 + \\epsilon} \\odot \\gamma` per global row.
+def sum_of_squares(x: torch.Tensor, spec: ShardSpec, runtime: Runtime) -> torch.Tensor:
+    """Row sums of squares over the global columns; forward and backward: all-reduce over ``b``.
 
-    ``x`` in state ``(a, b, e)``: the sum of squares of the local columns is all-reduced
-    over ``b`` (float32); ``gain`` holds the ``b`` part of :math:`\\gamma`.
+    ``x`` in state ``(a, b, e)``; returns ``(rows, 1)`` float32, the same on every rank
+    of the ``b``-group.
     """
-    return _RMSNormFn.apply(x, gain, runtime, spec.layout, spec.num_cols, eps)
+    return _SumOfSquaresFn.apply(x, runtime, spec.layout)
+
+
+class _ReduceGradFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, runtime: Runtime, axis: Axis):
+        ctx.runtime, ctx.axis = runtime, axis
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        runtime = ctx.runtime
+        return (
+            all_reduce(grad.contiguous(), runtime.grid.group(ctx.axis), runtime.profiler),
+            None,
+            None,
+        )
+
+
+def reduce_grad(tensor: torch.Tensor, axis: Axis, runtime: Runtime) -> torch.Tensor:
+    """Forward: identity; backward: all-reduce over the group along ``axis``.
+
+    For a parameter replicated along ``axis`` whose uses there see different rows (the
+    RMSNorm gain): each rank's gradient is a partial sum over its rows.
+    """
+    return _ReduceGradFn.apply(tensor, runtime, axis)
 
 
 # ---------------------------------------------------------------------- redistribute
@@ -444,14 +448,15 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
 
 
 def dropout_mask(
-    key: int, row_ids: torch.Tensor, col_start: int, num_cols: int, rate: float
+    key: int | torch.Tensor, row_ids: torch.Tensor, col_start: int, num_cols: int, rate: float
 ) -> torch.Tensor:
     """Keep-mask ``(len(row_ids), num_cols)`` as a hash of (key, global row, global column).
 
-    ``key`` mixes the seed, step and layer; the mask of an element depends only on its
-    global coordinates, so it is the same on every grid shape.
+    ``key`` (an int or a 0-dim int64 tensor) mixes the seed, step and layer; the mask
+    of an element depends only on its global coordinates, so it is the same on every
+    grid shape.
     """
-    key &= _MASK32
+    key = key & _MASK32
     row_hash = hash32((row_ids.to(torch.int64) & _MASK32) ^ key).unsqueeze(1)
     cols = torch.arange(col_start, col_start + num_cols, dtype=torch.int64, device=row_ids.device)
     col_hash = hash32(hash32((cols + key) & _MASK32)).unsqueeze(0)

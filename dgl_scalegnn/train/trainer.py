@@ -100,6 +100,7 @@ class Trainer:
             runtime=runtime,
             seed=cfg.train.seed,
             multilabel=meta.multilabel,
+            fuse=cfg.parallel.fuse,
         ).to(self.device)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
