@@ -6,15 +6,17 @@ Sampling
     out-degree, and the subgraph induced by the distinct vertices drawn. An epoch is
     :math:`\lceil N / B \rceil` subgraphs (as ScaleGNN's epochs of ``N / batch_size``
     steps).
-Normalisation (Zeng et al., GraphSAINT, ICLR 2020, Sec. 3.2)
-    Before training, :math:`N_s = \lceil c N / B \rceil` subgraphs are drawn
-    (``norm_coverage`` :math:`c`, 50 as in the paper's code) and every vertex and edge
-    counted: :math:`C_v` subgraphs contain vertex :math:`v`, :math:`C_{u,v}` contain
-    edge :math:`u \to v`. The paper's estimates are the loss normalisation
-    :math:`\lambda_v = |V_L| \, C_v / N_s` (:math:`V_L` the training vertices) and the
-    aggregator normalisation :math:`\alpha_{u,v} = C_{u,v} / C_v`. Training uses their
-    reciprocals, :attr:`SaintNorm.loss_norm` :math:`= 1/\lambda_v = N_s / (C_v |V_L|)`
-    and :attr:`SaintNorm.aggr_norm` :math:`= 1/\alpha_{u,v} = C_v / C_{u,v}`; a count of
+Normalisation (Zeng et al., GraphSAINT, ICLR 2020, Sec. 3)
+    Before training, :math:`N_s = \lceil c N / B \rceil` subgraphs are drawn, about
+    :math:`c N` vertex draws in all (``norm_coverage`` :math:`c = 50`, the sample
+    coverage of the paper's code, which counts sampled vertices against the training
+    vertices), and every vertex and edge counted: :math:`C_v` subgraphs contain
+    vertex :math:`v`, :math:`C_{u,v}` contain edge :math:`u \to v`. The paper's
+    estimates are the loss normalisation :math:`\lambda_v = |V_L| \, C_v / N_s`
+    (:math:`V_L` the training vertices) and the aggregator normalisation
+    :math:`\alpha_{u,v} = C_{u,v} / C_v`. Training uses their reciprocals,
+    :attr:`SaintNorm.loss_norm` :math:`= 1/\lambda_v = N_s / (C_v |V_L|)` and
+    :attr:`SaintNorm.aggr_norm` :math:`= 1/\alpha_{u,v} = C_v / C_{u,v}`; a count of
     zero is taken as one, as in the paper's code.
 Model
     ``layers`` DGL ``GraphConv`` layers (``norm="none"``) with edge weights: on the full

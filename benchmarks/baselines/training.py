@@ -97,7 +97,15 @@ def seed_everything(seed: int, threads: int | None = None) -> None:
         generator (``dgl.seed``); ``SAINTSampler`` and the data loaders' shuffles draw
         from torch's.
     threads : int, optional
-        Torch threads; the machine's cores by default.
+        Torch threads (also DGL's: they share torch's OpenMP runtime); the machine's
+        cores by default.
+
+    Notes
+    -----
+    With one thread a run is a function of the seed, bit for bit. With more, DGL's CPU
+    kernels are not: sums with atomic adds (COO SpMM, e.g. in ``SAGEConv``'s backward)
+    and the concurrent id map of ``to_block`` depend on thread timing, so runs differ
+    by round-off, which training can amplify to a few tenths of a percent of accuracy.
     """
     torch.set_num_threads(threads or machine_cores())
     random.seed(seed)

@@ -25,6 +25,7 @@ from dgl_scalegnn.config import Config, ConfigError
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.dist.comm import Runtime, all_reduce
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN, RankBatch
+from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import sample_vertices, step_seed
 from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -109,6 +110,7 @@ class Trainer:
             meta.num_nodes, cfg.sampling.batch_size, self.grid.shape.dp
         )
         self.progress = _Progress()
+        self._prefetcher: Prefetcher[RankBatch] | None = None
         self.checkpoints = Path(cfg.output.dir) / "checkpoints" if cfg.output.dir else None
         if cfg.output.resume:
             self._resume()
@@ -145,6 +147,12 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ one step
+    def _batch(self, global_step: int) -> RankBatch:
+        """The batch of ``global_step``: from the prefetcher when prefetch is on."""
+        if self._prefetcher is not None:
+            return self._prefetcher.get(global_step)
+        return self.sample(global_step)
+
     def sample(self, global_step: int) -> RankBatch:
         """This rank's batch of ``global_step`` (no communication)."""
         seed = step_seed(self.cfg.sampling.seed, self.grid.coords.d, global_step)
@@ -216,6 +224,8 @@ class Trainer:
         cfg, progress = self.cfg, self.progress
         bar = self._progress_bar()
         reached = False
+        if cfg.sampling.prefetch:
+            self._prefetcher = Prefetcher(self.sample, self.runtime.profiler, self.device)
         try:
             while progress.epoch < cfg.train.epochs and not reached:
                 reached = self._run_epoch(bar)
@@ -224,6 +234,9 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
+            if self._prefetcher is not None:
+                self._prefetcher.close()
+                self._prefetcher = None
         if cfg.output.checkpoint_every:
             self.save()
         summary = {
@@ -243,14 +256,16 @@ class Trainer:
 
     def _run_epoch(self, bar: Any) -> bool:
         cfg, progress = self.cfg, self.progress
+        profiler = self.runtime.profiler
         while progress.step_in_epoch < self.steps_per_epoch and not self._max_steps_done():
+            profiler.reset()
             start = time.perf_counter()
-            sample_start = time.perf_counter()
-            batch = self.sample(progress.global_step)
-            sample_seconds = time.perf_counter() - sample_start
+            batch = self._batch(progress.global_step)
+            sample_seconds = time.perf_counter() - start
             loss = self.train_step(batch)
             step_seconds = time.perf_counter() - start
             progress.train_seconds += step_seconds
+            breakdown = profiler.snapshot(reset=True)
             self.metrics.write(
                 "step",
                 epoch=progress.epoch,
@@ -258,6 +273,8 @@ class Trainer:
                 loss=loss,
                 step_s=step_seconds,
                 sample_s=sample_seconds,
+                seconds=breakdown["seconds"],
+                bytes=breakdown["bytes"],
             )
             progress.global_step += 1
             progress.step_in_epoch += 1
