@@ -9,6 +9,8 @@ CONFIG ?= yaml/synthetic.yaml
 
 .PHONY: install test run lint bench clean
 
+include benchmarks/baselines/distdgl.mk
+
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=23"
