@@ -9,8 +9,6 @@ CONFIG ?= yaml/synthetic.yaml
 
 .PHONY: install test run lint bench clean
 
-include benchmarks/baselines/distdgl.mk
-
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=23"
@@ -33,3 +31,6 @@ bench:
 
 clean:
 	rm -rf runs .pytest_cache
+
+# Peer baselines (GraphSAINT-node, GraphSAGE, DistDGL): make peers / distdgl / distdgl-env
+include benchmarks/baselines/distdgl.mk
