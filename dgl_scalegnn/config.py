@@ -140,6 +140,7 @@ class ParallelConfig:
     grid: str = "1x1x1x1"
     backend: str = "auto"
     timeout_s: float = 300.0
+    watchdog_s: float = 15.0
     bf16_comm: bool = False
     overlap: bool = False
     fuse: bool = False
@@ -205,6 +206,7 @@ def _check_choices_and_ranges(cfg: Config) -> None:
     positive("train.eval_every", cfg.train.eval_every)
     positive("output.checkpoint_every", cfg.output.checkpoint_every, 0)
     positive("parallel.timeout_s", cfg.parallel.timeout_s, 1)
+    positive("parallel.watchdog_s", cfg.parallel.watchdog_s, 2)
     for key in ("dropout", "input_dropout"):
         rate = getattr(cfg.model, key)
         if not 0.0 <= rate < 1.0:

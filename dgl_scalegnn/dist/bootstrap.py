@@ -105,16 +105,32 @@ def _share_rendezvous_over_mpi() -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, port
 
 
-def init_distributed(info: LaunchInfo, backend: str, timeout_s: float) -> None:
-    """Start torch.distributed for a multi-process launch; a single process needs nothing."""
+def init_distributed(info: LaunchInfo, backend: str, timeout_s: float) -> dist.Store | None:
+    """Start torch.distributed for a multi-process launch and return its key-value store.
+
+    A single process needs nothing (returns ``None``). The store is the rendezvous
+    ``TCPStore`` (hosted by rank 0, or by torchrun's agent); the watchdog uses it too.
+    """
     if info.world_size == 1 or dist.is_initialized():
-        return
+        return None
     if info.launcher == "mpi" or (info.launcher == "slurm" and "MASTER_ADDR" not in os.environ):
         _share_rendezvous_over_mpi()
-    dist.init_process_group(
-        backend=backend,
-        init_method="env://",
-        rank=info.rank,
-        world_size=info.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"{' and '.join(missing)} not set for a {info.world_size}-process {info.launcher} "
+            "launch; export them (launch/srun.sh does) or launch with mpirun"
+        )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        info.world_size,
+        is_master=info.rank == 0 and not agent_hosts_store,
+        timeout=timeout,
     )
+    dist.init_process_group(
+        backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
+    )
+    return store

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from dgl_scalegnn.dist.bootstrap import (
 )
 from dgl_scalegnn.dist.comm import CommOptions, Runtime
 from dgl_scalegnn.dist.grid import Grid4D, GridShape
+from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE, Watchdog
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
@@ -57,12 +59,14 @@ def load_graph(cfg: Config) -> PreparedGraph:
 
 @dataclass(frozen=True)
 class Session:
-    """A started process: how it was launched, its runtime on the grid, its device."""
+    """A started process: how it was launched, its runtime on the grid, its device, and
+    (for several processes) the watchdog that stops the job when a rank is lost."""
 
     launch: LaunchInfo
     runtime: Runtime
     device: torch.device
     backend: str
+    watchdog: Watchdog | None = None
 
 
 def start_session(parallel: ParallelConfig) -> Session:
@@ -72,14 +76,32 @@ def start_session(parallel: ParallelConfig) -> Session:
     shape = GridShape.parse(parallel.grid)
     shape.check_world_size(info.world_size)
     backend = resolve_backend(parallel.backend)
-    init_distributed(info, backend, parallel.timeout_s)
+    store = init_distributed(info, backend, parallel.timeout_s)
+    watchdog = None
+    if store is not None:
+        watchdog = Watchdog(store, info.rank, info.world_size, timeout=parallel.watchdog_s).start()
     grid = Grid4D.build(shape, info.rank)
     options = CommOptions(bf16=parallel.bf16_comm, overlap=parallel.overlap)
     runtime = Runtime(grid, options, Profiler())
-    return Session(info, runtime, device_for(info, backend), backend)
+    return Session(info, runtime, device_for(info, backend), backend, watchdog)
 
 
-def end_session() -> None:
+def end_session(session: Session | None = None, error: BaseException | None = None) -> None:
+    """Shut down; after an ``error`` make every other rank stop too and say why."""
+    watchdog = session.watchdog if session is not None else None
+    if watchdog is not None and error is not None:
+        record = watchdog.report_failure(f"{type(error).__name__}: {error}")
+        if not record.startswith(f"rank {session.launch.rank} "):
+            # This rank only broke because another had gone first: say that, and stop.
+            print(
+                f"[rank {session.launch.rank}] stopping the job: {record}",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(ABORT_EXIT_CODE)
+    elif watchdog is not None:
+        dist.barrier()  # nobody marks itself done while another still trains
+        watchdog.close()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -88,6 +110,7 @@ def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]
     """Run one training job on however many processes launched it; returns the summary."""
     session = start_session(cfg.parallel)
     info, runtime = session.launch, session.runtime
+    failure: BaseException | None = None
     try:
         shape = runtime.grid.shape
         backend = session.backend
@@ -109,5 +132,8 @@ def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]
             return trainer.fit()
         finally:
             metrics.close()
+    except BaseException as error:
+        failure = error
+        raise
     finally:
-        end_session()
+        end_session(session, failure)
