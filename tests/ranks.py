@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -66,23 +67,45 @@ def _rank_main(target: str, args: list[Any], env: dict[str, str], log_dir: str, 
     os._exit(result if isinstance(result, int) else 0)
 
 
-def spawn_ranks(
+class RankGroup:
+    """Rank processes that were started together; :meth:`wait` collects their results."""
+
+    def __init__(self, processes: list, log_dir: Path) -> None:
+        self.processes, self.log_dir = processes, log_dir
+
+    def output(self, rank: int) -> str:
+        path = self.log_dir / f"rank{rank}.out"
+        return path.read_text() if path.exists() else ""
+
+    def wait(self, timeout: float) -> tuple[list[int], list[tuple[int | None, str]]]:
+        """Join every rank; kill those still alive after ``timeout`` seconds in all.
+
+        Returns the ranks that timed out and ``(exit code, output)`` per rank.
+        """
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        timed_out = [rank for rank, p in enumerate(self.processes) if p.is_alive()]
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+        return timed_out, [(p.exitcode, self.output(r)) for r, p in enumerate(self.processes)]
+
+
+def start_ranks(
     world_size: int,
     target: str,
     args: list[Any],
     log_dir: str | os.PathLike[str],
     *,
     env: dict[str, str] | None = None,
-    timeout: float = 300,
-    expect_failure: bool = False,
-) -> list[tuple[int, str]]:
-    """Run ``module:function(*args)`` on ``world_size`` ranks; returns (exit code, output).
-
-    Unless ``expect_failure``, any non-zero exit raises AssertionError with all outputs.
-    """
+) -> RankGroup:
+    """Start ``module:function(*args)`` on ``world_size`` ranks (torchrun's environment)."""
     context = _forkserver()
     port = str(free_port())
-    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    log_path = Path(log_dir)
+    log_path.mkdir(parents=True, exist_ok=True)
     processes = []
     for rank in range(world_size):
         rank_env = {
@@ -95,21 +118,30 @@ def spawn_ranks(
             **(env or {}),
         }
         process = context.Process(
-            target=_rank_main, args=(target, args, rank_env, str(log_dir), rank)
+            target=_rank_main, args=(target, args, rank_env, str(log_path), rank)
         )
         process.start()
         processes.append(process)
-    for process in processes:
-        process.join(timeout)
-    timed_out = [rank for rank, p in enumerate(processes) if p.is_alive()]
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join()
-    results = [
-        (p.exitcode, (Path(log_dir) / f"rank{rank}.out").read_text())
-        for rank, p in enumerate(processes)
-    ]
+    return RankGroup(processes, log_path)
+
+
+def spawn_ranks(
+    world_size: int,
+    target: str,
+    args: list[Any],
+    log_dir: str | os.PathLike[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    expect_failure: bool = False,
+) -> list[tuple[int | None, str]]:
+    """Run ``module:function(*args)`` on ``world_size`` ranks; returns (exit code, output).
+
+    Unless ``expect_failure``, any non-zero exit raises AssertionError with all outputs;
+    a rank still running after ``timeout`` seconds always does.
+    """
+    group = start_ranks(world_size, target, args, log_dir, env=env)
+    timed_out, results = group.wait(timeout)
     failed = timed_out or any(code != 0 for code, _ in results)
     if timed_out or (failed and not expect_failure):
         report = "\n".join(

@@ -78,6 +78,20 @@ def test_changed_byte_is_detected_by_checksum(synthetic_dir, tmp_path):
     assert main(["prepare", "--verify", str(target)]) == 2
 
 
+def test_changed_byte_is_refused_by_the_rank_that_reads_it(synthetic_dir, tmp_path):
+    """Without hashing whole files: each rank checks the chunks it reads."""
+    target = _copy(synthetic_dir[1], tmp_path)
+    features = target / "features.npy"
+    data = bytearray(features.read_bytes())
+    data[-7] ^= 0x01  # a feature of the last vertex, in the upper half of the X range
+    features.write_bytes(bytes(data))
+    graph = open_prepared(target)  # sizes still match: opening succeeds
+    shape = GridShape.parse("1x2x1x1")
+    RankStore(graph, Grid4D.view(shape, 0), num_layers=1)  # reads rows [0, N/2): fine
+    with pytest.raises(DatasetError, match=r"features\.npy: bytes \d+-\d+ differ from their checksum"):
+        RankStore(graph, Grid4D.view(shape, 1), num_layers=1)
+
+
 def test_truncated_file_is_detected_at_open(synthetic_dir, tmp_path):
     target = _copy(synthetic_dir[1], tmp_path)
     features = target / "features.npy"

@@ -22,6 +22,9 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -70,6 +73,7 @@ class GraphMeta:
     multilabel: bool
     permutation_seed: int
     tile_count: int
+    split_sizes: dict[str, int]
     format_version: int = FORMAT_VERSION
 
 
@@ -80,6 +84,7 @@ class PreparedGraph:
     ``adjacency`` is the tiled normalised adjacency; ``features`` ``(N, D_in)``
     float32, ``labels`` ``(N,)`` int64 or ``(N, C)`` float32, masks ``(N,)`` bool,
     ``permutation`` ``(N,)`` int64 with ``new_id = permutation[original_id]``.
+    ``verifier`` checks the bytes a reader touches (memory-mapped graphs).
     """
 
     meta: GraphMeta
@@ -90,6 +95,12 @@ class PreparedGraph:
     val_mask: np.ndarray
     test_mask: np.ndarray
     permutation: np.ndarray
+    verifier: Callable[[str, int, int], None] | None = None
+
+    def verify(self, name: str, start: int, stop: int) -> None:
+        """Check rows ``[start, stop)`` of array ``name`` (a no-op for in-memory graphs)."""
+        if self.verifier is not None:
+            self.verifier(name, start, stop)
 
     def arrays(self) -> dict[str, np.ndarray]:
         adjacency = {name: getattr(self.adjacency, name) for name in ADJACENCY_ARRAYS}
@@ -148,6 +159,7 @@ def _stage(
         multilabel=dataset.multilabel,
         permutation_seed=permutation_seed,
         tile_count=adjacency.tile_count,
+        split_sizes={s: int(ndata[f"{s}_mask"].sum()) for s in ("train", "val", "test")},
     )
     arrays = {name: getattr(adjacency, name) for name in ADJACENCY_ARRAYS}
     return meta, {**arrays, **vertex}
@@ -185,12 +197,23 @@ def prepare_in_memory(
     return _assemble(meta, arrays)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def _chunk_bytes(size: int) -> int:
+    """Checksum granule of a file: about 1/1024 of it, in [64 KiB, 64 MiB]."""
+    granule = 64 << 10
+    wanted = -(-size // 1024)
+    return min(64 << 20, max(granule, -(-wanted // granule) * granule))
+
+
+def _digests(path: Path) -> dict:
+    """SHA-256 of the whole file and CRC-32 of each chunk (what a rank re-checks)."""
+    size = path.stat().st_size
+    chunk = _chunk_bytes(size)
+    digest, crcs = hashlib.sha256(), []
     with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        while block := handle.read(chunk):
+            digest.update(block)
+            crcs.append(zlib.crc32(block))
+    return {"bytes": size, "sha256": digest.hexdigest(), "chunk_bytes": chunk, "crc32": crcs}
 
 
 def _write_array(path: Path, value: np.ndarray | _Reordered) -> dict:
@@ -206,13 +229,7 @@ def _write_array(path: Path, value: np.ndarray | _Reordered) -> dict:
     else:
         np.save(path, value)
         dtype, shape = value.dtype, value.shape
-    return {
-        "file": path.name,
-        "dtype": str(dtype),
-        "shape": list(shape),
-        "bytes": path.stat().st_size,
-        "sha256": _sha256(path),
-    }
+    return {"file": path.name, "dtype": str(dtype), "shape": list(shape), **_digests(path)}
 
 
 def _write(meta: GraphMeta, arrays: dict, directory: str | os.PathLike[str]) -> Path:
@@ -281,15 +298,52 @@ def _check_file(directory: Path, entry: dict, checksum: bool) -> None:
         raise DatasetError(
             f"{path}: {size} bytes, meta.json records {entry['bytes']} (truncated or replaced)"
         )
-    if checksum and _sha256(path) != entry["sha256"]:
+    if checksum and _digests(path)["sha256"] != entry["sha256"]:
         raise DatasetError(f"{path}: SHA-256 differs from meta.json (the file was changed)")
+
+
+class ChunkVerifier:
+    """Checks the bytes a rank reads against the chunk CRC-32s in ``meta.json``.
+
+    Each chunk is checked once, the first time a read touches it, so a rank pays for
+    its own share (plus partial chunks at the edges) and never hashes the whole graph.
+    """
+
+    def __init__(self, root: Path, files: dict, arrays: dict[str, np.memmap]) -> None:
+        self._root, self._files, self._arrays = root, files, arrays
+        self._verified: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str, start: int, stop: int) -> None:
+        """Verify the chunks holding rows ``[start, stop)`` of array ``name``."""
+        if stop <= start:
+            return
+        array, entry = self._arrays[name], self._files[name]
+        row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+        first = (array.offset + start * row_bytes) // entry["chunk_bytes"]
+        last = (array.offset + stop * row_bytes - 1) // entry["chunk_bytes"]
+        path = self._root / entry["file"]
+        with self._lock, path.open("rb") as handle:
+            for chunk in range(first, last + 1):
+                if (name, chunk) in self._verified:
+                    continue
+                handle.seek(chunk * entry["chunk_bytes"])
+                if zlib.crc32(handle.read(entry["chunk_bytes"])) != entry["crc32"][chunk]:
+                    start_byte = chunk * entry["chunk_bytes"]
+                    raise DatasetError(
+                        f"{path}: bytes {start_byte}-{start_byte + entry['chunk_bytes'] - 1} "
+                        "differ from their checksum in meta.json (the file was changed); "
+                        f"prepare the dataset again or check it with scalegnn prepare --verify"
+                    )
+                self._verified.add((name, chunk))
 
 
 def open_prepared(directory: str | os.PathLike[str], *, checksum: bool = False) -> PreparedGraph:
     """Open a prepared directory with every array memory-mapped (read-only).
 
-    Sizes are always checked against ``meta.json``; ``checksum=True`` also hashes every
-    file (reads all bytes).
+    Sizes and shapes are checked against ``meta.json`` at once; the returned graph's
+    ``verifier`` checks the chunks a reader touches against their CRC-32s;
+    ``checksum=True`` also hashes every whole file now (reads all bytes).
     """
     root = Path(directory)
     meta = _read_meta(root)
@@ -309,12 +363,13 @@ def open_prepared(directory: str | os.PathLike[str], *, checksum: bool = False) 
             )
         arrays[name] = array
     graph_meta = GraphMeta(**{k: meta[k] for k in GraphMeta.__dataclass_fields__})
+    verifier = ChunkVerifier(root, meta["files"], dict(arrays))
     adjacency = TiledAdjacency(
         num_nodes=graph_meta.num_nodes,
         tile_count=graph_meta.tile_count,
         **{name: arrays.pop(name) for name in ADJACENCY_ARRAYS},
     )
-    return PreparedGraph(meta=graph_meta, adjacency=adjacency, **arrays)
+    return PreparedGraph(meta=graph_meta, adjacency=adjacency, verifier=verifier, **arrays)
 
 
 def verify_prepared(directory: str | os.PathLike[str]) -> GraphMeta:

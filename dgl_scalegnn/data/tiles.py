@@ -12,6 +12,7 @@ the grid shape. (A plain CSR would make it read whole rows: ``Gc`` times its sha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,19 @@ import numpy as np
 from dgl_scalegnn.data.normalize import NormalizedCSR, csr_row_ids
 from dgl_scalegnn.parallel.layout import split_bounds
 
-__all__ = ["TiledAdjacency", "tile_adjacency", "default_tile_count", "BlockRead", "read_block"]
+__all__ = [
+    "TiledAdjacency",
+    "tile_adjacency",
+    "default_tile_count",
+    "BlockRead",
+    "read_block",
+    "Verify",
+    "no_check",
+]
+
+
+#: ``verify(array name, first row, end row)``: raises if those bytes are corrupt.
+Verify = Callable[[str, int, int], None]
 
 
 def default_tile_count(num_nodes: int) -> int:
@@ -98,13 +111,18 @@ def _tile_range(bounds: np.ndarray, start: int, stop: int) -> range:
     return range(first, last + 1)
 
 
-def _runs(adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int]):
+def no_check(name: str, start: int, stop: int) -> None:
+    """Default of ``read_block``'s ``verify``: arrays in memory need no check."""
+
+
+def _runs(adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int], verify: Verify):
     """Contiguous ``[start, stop)`` runs of stored entries that cover the block.
 
     A row tile inside ``rows`` gives one run across the column tiles; a row tile cut by
     an edge of ``rows`` is narrowed tile by tile with a binary search on its sorted rows.
     """
     bounds, tiles = adjacency.bounds(), adjacency.tile_count
+    verify("offsets", 0, adjacency.offsets.shape[0])
     col_tiles = _tile_range(bounds, *cols)
     if not col_tiles:
         return
@@ -115,6 +133,7 @@ def _runs(adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int
             continue
         for tile in range(first, first + len(col_tiles)):
             lo, hi = int(adjacency.offsets[tile]), int(adjacency.offsets[tile + 1])
+            verify("rows", lo, hi)
             tile_rows = adjacency.rows[lo:hi]
             yield (
                 lo + int(np.searchsorted(tile_rows, rows[0])),
@@ -123,9 +142,15 @@ def _runs(adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int
 
 
 def read_block(
-    adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int]
+    adjacency: TiledAdjacency,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    verify: Verify = no_check,
 ) -> BlockRead:
     """The block ``rows x cols`` as a CSR over ``rows`` (column ids global, sorted per row).
+
+    ``verify(name, start, stop)`` is called for every range of an array before it is
+    read (a prepared graph's chunk checksums).
 
     Examples
     --------
@@ -140,7 +165,9 @@ def read_block(
     entry_bytes = adjacency.rows.itemsize + adjacency.cols.itemsize + adjacency.values.itemsize
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     bytes_read = 0
-    for start, stop in _runs(adjacency, rows, cols):
+    for start, stop in _runs(adjacency, rows, cols, verify):
+        for name in ("rows", "cols", "values"):
+            verify(name, start, stop)
         run_rows = np.asarray(adjacency.rows[start:stop], dtype=np.int64)
         run_cols = np.asarray(adjacency.cols[start:stop], dtype=np.int64)
         run_values = np.asarray(adjacency.values[start:stop])

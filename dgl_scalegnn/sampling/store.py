@@ -20,7 +20,7 @@ import torch
 
 from dgl_scalegnn.data.normalize import inverse_sqrt_degrees
 from dgl_scalegnn.data.prepared import PreparedGraph
-from dgl_scalegnn.data.tiles import TiledAdjacency, read_block
+from dgl_scalegnn.data.tiles import TiledAdjacency, Verify, no_check, read_block
 from dgl_scalegnn.dist.grid import Grid4D
 from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layout
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Plane, block_range
@@ -35,7 +35,10 @@ SPLITS = ("train", "val", "test")
 
 
 def load_csr_block(
-    adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int]
+    adjacency: TiledAdjacency,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    verify: Verify = no_check,
 ) -> tuple[CSRBlock, int]:
     """Read block ``rows x cols`` of the (memory-mapped) tiled adjacency.
 
@@ -43,7 +46,9 @@ def load_csr_block(
     """
     (r0, r1), (c0, c1) = rows, cols
     dtype = adjacency.values.dtype
-    read = read_block(adjacency, rows, cols)
+    read = read_block(adjacency, rows, cols, verify)
+    verify("degrees", r0, r1)
+    verify("degrees", c0, c1)
     block = CSRBlock(
         row_start=r0,
         row_stop=r1,
@@ -93,7 +98,7 @@ class RankStore:
         for plane in adjacency_planes(num_layers):
             rows = self._vertex_range(plane.rows)
             cols = self._vertex_range(plane.cols)
-            block, bytes_read = load_csr_block(graph.adjacency, rows, cols)
+            block, bytes_read = load_csr_block(graph.adjacency, rows, cols, graph.verify)
             self.blocks[plane] = block.to(self.device)
             self.bytes_read += bytes_read
         self.column_maps = {
@@ -105,10 +110,13 @@ class RankStore:
             graph.meta.num_features, grid.size(INPUT_LAYOUT.cols), grid.coord(INPUT_LAYOUT.cols)
         )
         r0, r1 = self.feature_rows
+        graph.verify("features", r0, r1)
         self.features = self._load(graph.features[r0:r1, f0:f1])
         self.label_axis = logits_layout(num_layers).rows
         self.label_rows = self._vertex_range(self.label_axis)
         l0, l1 = self.label_rows
+        for name in ("labels", *(f"{split}_mask" for split in SPLITS)):
+            graph.verify(name, l0, l1)
         self.labels = self._load(graph.labels[l0:l1])
         self.masks = {split: self._load(getattr(graph, f"{split}_mask")[l0:l1]) for split in SPLITS}
         self.num_nodes = n

@@ -82,6 +82,11 @@ class Trainer:
         device: torch.device | str = "cpu",
     ) -> None:
         meta = graph.meta
+        if meta.split_sizes["train"] == 0:
+            raise ConfigError(
+                f"dataset {meta.name!r}: train_mask selects no vertex, so there is nothing to "
+                "train on; give the graph a non-empty train_mask"
+            )
         if cfg.sampling.batch_size > meta.num_nodes:
             raise ConfigError(
                 f"sampling.batch_size: got {cfg.sampling.batch_size}, but {meta.name!r} has "
