@@ -88,7 +88,9 @@ def test_changed_byte_is_refused_by_the_rank_that_reads_it(synthetic_dir, tmp_pa
     graph = open_prepared(target)  # sizes still match: opening succeeds
     shape = GridShape.parse("1x2x1x1")
     RankStore(graph, Grid4D.view(shape, 0), num_layers=1)  # reads rows [0, N/2): fine
-    with pytest.raises(DatasetError, match=r"features\.npy: bytes \d+-\d+ differ from their checksum"):
+    with pytest.raises(
+        DatasetError, match=r"features\.npy: bytes \d+-\d+ differ from their checksum"
+    ):
         RankStore(graph, Grid4D.view(shape, 1), num_layers=1)
 
 

@@ -105,8 +105,11 @@ def _share_rendezvous_over_mpi() -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, port
 
 
-def init_distributed(info: LaunchInfo, backend: str, timeout_s: float) -> dist.Store | None:
-    """Start torch.distributed for a multi-process launch and return its key-value store.
+def init_distributed(
+    info: LaunchInfo, backend: str, timeout_s: float
+) -> tuple[dist.Store, bool] | None:
+    """Start torch.distributed for a multi-process launch; return its key-value store and
+    whether this process hosts it.
 
     A single process needs nothing (returns ``None``). The store is the rendezvous
     ``TCPStore`` (hosted by rank 0, or by torchrun's agent); the watchdog uses it too.
@@ -123,14 +126,15 @@ def init_distributed(info: LaunchInfo, backend: str, timeout_s: float) -> dist.S
         )
     timeout = datetime.timedelta(seconds=timeout_s)
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    hosts_store = info.rank == 0 and not agent_hosts_store
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         info.world_size,
-        is_master=info.rank == 0 and not agent_hosts_store,
+        is_master=hosts_store,
         timeout=timeout,
     )
     dist.init_process_group(
         backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
     )
-    return store
+    return store, hosts_store

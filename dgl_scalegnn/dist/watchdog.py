@@ -25,10 +25,20 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-__all__ = ["Watchdog", "ABORT_EXIT_CODE"]
+__all__ = ["Watchdog", "ABORT_EXIT_CODE", "is_communication_error"]
 
 ABORT_EXIT_CODE = 17
 _ABORT, _DONE = "watchdog/abort", "watchdog/done/{}"
+
+
+def is_communication_error(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that broke (a peer left or timed out)."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("gloo", "NCCL", "Connection closed by peer", "Timed out")
+    )
 
 
 class Watchdog:
@@ -42,6 +52,9 @@ class Watchdog:
         This rank and the job size.
     interval, timeout : float
         Heartbeat period, and silence after which a rank is declared gone.
+    hosts_store : bool
+        This rank's process holds the store: it lingers after an abort record so that
+        the other watchdogs can read it before the store goes away.
     exit : callable
         Ends the process (``os._exit`` unless a test passes something else).
     """
@@ -54,9 +67,11 @@ class Watchdog:
         *,
         interval: float = 1.0,
         timeout: float = 15.0,
+        hosts_store: bool = False,
         exit: Callable[[int], None] = os._exit,
     ) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
+        self.hosts_store = hosts_store
         self.interval, self.timeout = interval, timeout
         self._exit = exit
         self._stop = threading.Event()
@@ -115,9 +130,31 @@ class Watchdog:
         """Record why the job must stop (first record wins) and end this process."""
         self._abort(self._record(f"rank {self.rank}: {reason}"))
 
+    def _linger(self) -> None:
+        if self.hosts_store:
+            time.sleep(3 * self.interval)
+
     def _abort(self, message: str) -> None:
         print(f"[rank {self.rank}] stopping the job: {message}", file=sys.stderr, flush=True)
+        self._linger()
         self._exit(ABORT_EXIT_CODE)
+
+    def await_verdict(self) -> None:
+        """After a broken collective: give the watchdogs time to find the rank that left.
+
+        Ends the process with the abort record if one appears within the heartbeat
+        timeout; returns if none does (then this rank's own error is the news).
+        """
+        deadline = time.monotonic() + self.timeout + 3 * self.interval
+        while time.monotonic() < deadline:
+            try:
+                if self.store.check([_ABORT]):
+                    self._abort(self.store.get(_ABORT).decode())
+                    return
+            except Exception as error:
+                self._abort(f"lost the rendezvous store hosted by rank 0 ({error}); rank 0 is gone")
+                return
+            time.sleep(self.interval / 2)
 
     def report_failure(self, reason: str) -> str:
         """Called by a rank whose own work failed: record it so the others stop too.
@@ -126,7 +163,9 @@ class Watchdog:
         (a collective that broke because another rank had already gone).
         """
         self._stop.set()
-        return self._record(f"rank {self.rank} failed: {reason}")
+        record = self._record(f"rank {self.rank} failed: {reason}")
+        self._linger()
+        return record
 
     def close(self) -> None:
         """Normal end: mark this rank done and stop the thread."""

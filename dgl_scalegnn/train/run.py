@@ -26,7 +26,7 @@ from dgl_scalegnn.dist.bootstrap import (
 )
 from dgl_scalegnn.dist.comm import CommOptions, Runtime
 from dgl_scalegnn.dist.grid import Grid4D, GridShape
-from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE, Watchdog
+from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE, Watchdog, is_communication_error
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
@@ -76,10 +76,13 @@ def start_session(parallel: ParallelConfig) -> Session:
     shape = GridShape.parse(parallel.grid)
     shape.check_world_size(info.world_size)
     backend = resolve_backend(parallel.backend)
-    store = init_distributed(info, backend, parallel.timeout_s)
+    started = init_distributed(info, backend, parallel.timeout_s)
     watchdog = None
-    if store is not None:
-        watchdog = Watchdog(store, info.rank, info.world_size, timeout=parallel.watchdog_s).start()
+    if started is not None:
+        store, hosts_store = started
+        watchdog = Watchdog(
+            store, info.rank, info.world_size, timeout=parallel.watchdog_s, hosts_store=hosts_store
+        ).start()
     grid = Grid4D.build(shape, info.rank)
     options = CommOptions(bf16=parallel.bf16_comm, overlap=parallel.overlap)
     runtime = Runtime(grid, options, Profiler())
@@ -90,6 +93,8 @@ def end_session(session: Session | None = None, error: BaseException | None = No
     """Shut down; after an ``error`` make every other rank stop too and say why."""
     watchdog = session.watchdog if session is not None else None
     if watchdog is not None and error is not None:
+        if is_communication_error(error):
+            watchdog.await_verdict()  # ends the process if another rank left first
         record = watchdog.report_failure(f"{type(error).__name__}: {error}")
         if not record.startswith(f"rank {session.launch.rank} "):
             # This rank only broke because another had gone first: say that, and stop.

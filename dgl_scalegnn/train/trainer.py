@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, ConfigError
+from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.dist.comm import Runtime, all_reduce
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN, RankBatch
@@ -83,7 +84,7 @@ class Trainer:
     ) -> None:
         meta = graph.meta
         if meta.split_sizes["train"] == 0:
-            raise ConfigError(
+            raise DatasetError(
                 f"dataset {meta.name!r}: train_mask selects no vertex, so there is nothing to "
                 "train on; give the graph a non-empty train_mask"
             )

@@ -1,0 +1,351 @@
+"""Fault injection: lost ranks, failing ranks, corrupt data, numerical faults, odd
+graphs and bad configs either run correctly or stop quickly, saying why."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+import yaml
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.cli import main as cli_main
+from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE
+from dgl_scalegnn.train.checkpoint import latest_checkpoint
+from dgl_scalegnn.train.metrics import read_metrics
+from tests.helpers import ROOT
+from tests.ranks import spawn_ranks, start_ranks
+
+LONG_RUN = {
+    "data": {"name": "synthetic", "synthetic": {"num_nodes": 4000, "num_features": 16}},
+    "model": {"hidden": 16, "layers": 2},
+    "sampling": {"batch_size": 500},
+    "train": {"epochs": 1000, "eval_every": 1000, "progress": False},
+    "parallel": {"watchdog_s": 5},
+}
+
+
+def _write_config(tmp_path, config: dict, name: str = "config.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _with_output(tmp_path, config: dict, every: int = 2) -> dict:
+    return {**config, "output": {"dir": str(tmp_path / "run"), "checkpoint_every": every}}
+
+
+def _wait_for_checkpoint(directory, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (directory / "latest").exists():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint appeared in {directory} within {timeout} s")
+
+
+def _resume_from(tmp_path, config: dict, grid: str, world: int) -> list[dict]:
+    checkpoint = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert checkpoint is not None
+    done = int(checkpoint.name.split("_")[1])
+    config = {**config, "train": {**config["train"], "max_steps": done + 2}}
+    path = _write_config(tmp_path, config, "resume.yaml")
+    metrics = tmp_path / "resume.jsonl"
+    argv = ["train", "--config", str(path), "--grid", grid, "--metrics", str(metrics), "--resume"]
+    spawn_ranks(world, "dgl_scalegnn.cli:main", [argv], tmp_path / "resume")
+    steps = [e["step"] for e in read_metrics(metrics, "step")]
+    assert steps == [done, done + 1]
+    return steps
+
+
+def test_killed_rank_stops_every_rank_with_its_number(tmp_path):
+    """No launcher help: the watchdog alone must end the job and name the lost rank."""
+    config = _with_output(tmp_path, LONG_RUN)
+    argv = ["train", "--config", str(_write_config(tmp_path, config)), "--grid", "1x1x2x2"]
+    group = start_ranks(4, "dgl_scalegnn.cli:main", [argv], tmp_path / "ranks")
+    _wait_for_checkpoint(tmp_path / "run" / "checkpoints")
+    os.kill(group.processes[2].pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    timed_out, results = group.wait(timeout=90)
+    assert not timed_out
+    assert time.monotonic() - killed_at < 60
+    for rank, (code, output) in enumerate(results):
+        if rank == 2:
+            assert code == -signal.SIGKILL
+            continue
+        assert code == ABORT_EXIT_CODE, (rank, code, output[-2000:])
+        assert "stopping the job" in output and "rank 2" in output, output[-2000:]
+    _resume_from(tmp_path, config, "1x1x2x2", 4)
+
+
+def _rank_processes(launcher: subprocess.Popen, variable: str) -> dict[int, psutil.Process]:
+    found = {}
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        try:
+            environment = child.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            continue
+        if variable in environment and "python" in os.path.basename(child.exe()):
+            found[int(environment[variable])] = child
+    return found
+
+
+@pytest.mark.parametrize(
+    ("script", "variable"), [("mpirun.sh", "OMPI_COMM_WORLD_RANK"), ("torchrun.sh", "RANK")]
+)
+def test_killed_rank_under_a_real_launcher(tmp_path, script, variable):
+    config = _with_output(tmp_path, LONG_RUN)
+    command = [str(ROOT / "launch" / script), "4", "1x1x2x2", str(_write_config(tmp_path, config))]
+    launcher = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_for_checkpoint(tmp_path / "run" / "checkpoints")
+        ranks = _rank_processes(launcher, variable)
+        assert sorted(ranks) == [0, 1, 2, 3], ranks
+        survivors = [ranks[r] for r in (0, 1, 3)]
+        ranks[2].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        output, _ = launcher.communicate(timeout=90)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert time.monotonic() - killed_at < 60
+    assert launcher.returncode != 0
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in survivors)
+    assert "rank 2" in output or "local_rank: 2" in output, output[-3000:]
+    _resume_from(tmp_path, config, "1x1x2x2", 4)
+
+
+def test_rank_that_raises_stops_all_ranks_with_its_error(tmp_path):
+    config = {**LONG_RUN, "parallel": {"timeout_s": 300, "watchdog_s": 15}}
+    argv = ["train", "--config", str(_write_config(tmp_path, config)), "--grid", "1x2x2x1"]
+    started = time.monotonic()
+    results = spawn_ranks(
+        4,
+        "tests.workers.fail_on_rank:main",
+        [argv, 1, 3],
+        tmp_path / "ranks",
+        expect_failure=True,
+        timeout=120,
+    )
+    assert time.monotonic() - started < 60  # not the 300 s collective timeout
+    assert "FileNotFoundError: shard file part-1.npy is missing" in results[1][1]
+    for rank in (0, 2, 3):
+        code, output = results[rank]
+        assert code != 0
+        assert "rank 1 failed: FileNotFoundError: shard file part-1.npy is missing" in output, (
+            output[-2000:]
+        )
+
+
+def _prepared(tmp_path):
+    out = tmp_path / "prepared"
+    assert (
+        cli_main(
+            [
+                "prepare",
+                "--dataset",
+                "synthetic",
+                "--set",
+                "data.synthetic.num_nodes=1500",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    return out
+
+
+@pytest.mark.parametrize("fault", ["truncated", "changed byte", "format version", "other dataset"])
+def test_bad_prepared_data_is_refused_at_load(tmp_path, capsys, fault):
+    directory = _prepared(tmp_path)
+    name = "synthetic"
+    if fault == "truncated":
+        path = directory / "cols.npy"
+        path.write_bytes(path.read_bytes()[:-64])
+        expected = r"cols\.npy: \d+ bytes, meta.json records"
+    elif fault == "changed byte":
+        path = directory / "values.npy"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        path.write_bytes(bytes(data))
+        expected = r"values\.npy: bytes \d+-\d+ differ from their checksum"
+    elif fault == "format version":
+        meta = directory / "meta.json"
+        meta.write_text(meta.read_text().replace('"format_version": 1', '"format_version": 0'))
+        expected = r"meta\.json: format version 0"
+    else:
+        name = "cora"
+        expected = r"holds 'synthetic' but data\.name is 'cora'"
+    code = cli_main(
+        [
+            "train",
+            "--set",
+            f"data.name={name}",
+            "--set",
+            f"data.prepared={directory}",
+            "--set",
+            "train.max_steps=1",
+            "--set",
+            "sampling.batch_size=500",
+        ]
+    )
+    error = capsys.readouterr().err
+    assert code == 2
+    assert re.search(expected, error), error
+
+
+def _graph_file(tmp_path, graph: dgl.DGLGraph, name: str = "graph.bin"):
+    path = tmp_path / name
+    dgl.save_graphs(str(path), [graph], {"num_classes": torch.tensor([4])})
+    return path
+
+
+def _odd_graph(nan_feature: bool = False, empty_train: bool = False) -> dgl.DGLGraph:
+    """Isolated vertices, self loops, duplicate and one-way edges, one huge-degree vertex."""
+    rng = np.random.default_rng(0)
+    n = 300
+    src = np.concatenate([rng.integers(1, 250, 600), np.zeros(240, int), [5, 5, 6, 7, 7]])
+    dst = np.concatenate([rng.integers(1, 250, 600), np.arange(10, 250), [5, 9, 6, 8, 8]])
+    graph = dgl.graph(
+        (torch.from_numpy(src), torch.from_numpy(dst)), num_nodes=n
+    )  # 250..299 isolated
+    features = torch.from_numpy(rng.standard_normal((n, 8))).float()
+    if nan_feature:
+        features[17, 3] = float("nan")
+    graph.ndata["feat"] = features
+    graph.ndata["label"] = torch.from_numpy(rng.integers(0, 4, n))
+    split = torch.from_numpy(rng.random(n))
+    graph.ndata["train_mask"] = (split < 0.5) & (not empty_train)
+    graph.ndata["val_mask"] = (split >= 0.5) & (split < 0.75)
+    graph.ndata["test_mask"] = split >= 0.75
+    return graph
+
+
+@pytest.mark.parametrize("batch_size", [2, 150, 299, 300])
+def test_odd_graph_trains_the_same_on_one_and_four_ranks(tmp_path, batch_size):
+    path = _graph_file(tmp_path, _odd_graph())
+    config = {
+        "data": {"name": "dgl", "path": str(path)},
+        "model": {"hidden": 8, "layers": 3},
+        "sampling": {"batch_size": batch_size},
+        "train": {"epochs": 3, "max_steps": 3, "progress": False},
+    }
+    losses = {}
+    for grid, world in (("1x1x1x1", 1), ("1x2x1x2", 4)):
+        metrics = tmp_path / f"{grid}.jsonl"
+        argv = [
+            "train",
+            "--config",
+            str(_write_config(tmp_path, config)),
+            "--grid",
+            grid,
+            "--metrics",
+            str(metrics),
+        ]
+        spawn_ranks(world, "dgl_scalegnn.cli:main", [argv], tmp_path / grid)
+        losses[grid] = [e["loss"] for e in read_metrics(metrics, "step")]
+    assert len(losses["1x1x1x1"]) == 3 and np.isfinite(losses["1x1x1x1"]).all()
+    assert losses["1x2x1x2"] == pytest.approx(losses["1x1x1x1"], rel=1e-4)
+
+
+def test_empty_train_mask_and_impossible_batch_are_refused(tmp_path, capsys):
+    path = _graph_file(tmp_path, _odd_graph(empty_train=True))
+    assert cli_main(["train", "--set", "data.name=dgl", "--set", f"data.path={path}"]) == 2
+    assert "train_mask selects no vertex" in capsys.readouterr().err
+    path = _graph_file(tmp_path, _odd_graph(), "ok.bin")
+    assert (
+        cli_main(
+            [
+                "train",
+                "--set",
+                "data.name=dgl",
+                "--set",
+                f"data.path={path}",
+                "--set",
+                "sampling.batch_size=301",
+            ]
+        )
+        == 2
+    )
+    assert (
+        "sampling.batch_size: got 301, but 'dgl' has only 300 vertices" in capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nan_loss_stops_at_its_step_or_is_skipped(tmp_path, policy):
+    path = _graph_file(tmp_path, _odd_graph(nan_feature=True))
+    config = {
+        "data": {"name": "dgl", "path": str(path)},
+        "model": {"hidden": 8, "layers": 2},
+        "sampling": {"batch_size": 40},
+        "train": {"epochs": 2, "progress": False, "on_nonfinite": policy},
+        "output": {"dir": str(tmp_path / "run"), "checkpoint_every": 1},
+    }
+    metrics = tmp_path / "m.jsonl"
+    argv = ["train", "--config", str(_write_config(tmp_path, config)), "--metrics", str(metrics)]
+    results = spawn_ranks(
+        1, "dgl_scalegnn.cli:main", [argv], tmp_path / "ranks", expect_failure=True
+    )
+    code, output = results[0]
+    if policy == "stop":
+        assert code != 0
+        found = re.search(
+            r"non-finite loss or gradient at epoch \d+ step \d+ \(global step (\d+)\)", output
+        )
+        assert found, output[-2000:]
+        bad = int(found.group(1))
+        assert [e["step"] for e in read_metrics(metrics, "step")] == list(range(bad))
+        checkpoint = latest_checkpoint(tmp_path / "run" / "checkpoints")
+        assert checkpoint.name == f"step_{bad:08d}"  # the last good step, intact and loadable
+        state = torch.load(checkpoint / "rank00000.pt", weights_only=True)
+        assert all(torch.isfinite(p).all() for p in state["params"].values())
+    else:
+        assert code == 0
+        skipped = read_metrics(metrics, "nonfinite")
+        assert skipped and all(e["action"] == "skipped" for e in skipped)
+        assert read_metrics(metrics, "summary")[0]["epochs"] == 2
+
+
+def test_same_seed_and_grid_give_bit_identical_losses(tmp_path):
+    config = {
+        **LONG_RUN,
+        "train": {"epochs": 1, "max_steps": 6, "progress": False},
+        "model": {"hidden": 16, "layers": 3, "dropout": 0.3},
+    }
+    runs = []
+    for attempt in range(2):
+        metrics = tmp_path / f"run{attempt}.jsonl"
+        argv = [
+            "train",
+            "--config",
+            str(_write_config(tmp_path, config)),
+            "--grid",
+            "1x2x1x1",
+            "--metrics",
+            str(metrics),
+        ]
+        spawn_ranks(
+            2,
+            "dgl_scalegnn.cli:main",
+            [argv],
+            tmp_path / f"run{attempt}",
+            env={"OMP_NUM_THREADS": "2"},
+        )
+        runs.append([e["loss"] for e in read_metrics(metrics, "step")])
+    assert runs[0] == runs[1]
