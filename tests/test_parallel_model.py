@@ -15,10 +15,9 @@ import torch
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.dist.grid import Coords, GridShape
-from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.scalegnn import parameter_shards
-from dgl_scalegnn.sampling.uniform import UniformVertexSampler, sample_vertices, step_seed
-from tests.helpers import prepared_dgl_graph, random_dataset, relative_error
+from tests.helpers import random_dataset, relative_error
+from tests.oracle import assemble, reference_step
 from tests.ranks import spawn_ranks
 
 GRAPH = {"num_nodes": 97, "num_edges": 400, "num_features": 11, "num_classes": 5}
@@ -29,48 +28,14 @@ TOLERANCE = 1e-5
 GRIDS = ["1x1x1x1", "1x2x1x1", "1x1x2x1", "1x1x1x2", "1x2x2x1", "1x2x2x2", "1x1x3x2", "2x1x2x1"]
 
 
-def _oracle_grads(prepared, layers: int, dp_rank: int) -> dict:
-    """Reference loss and gradients on DP group ``dp_rank``'s batch of step 0."""
-    cfg = ModelConfig(layers=layers, **MODEL)
-    model = ScaleGNN(
-        cfg, in_features=GRAPH["num_features"], num_classes=GRAPH["num_classes"], seed=0
-    )
-    graph = prepared_dgl_graph(prepared)
-    sample = sample_vertices(prepared.meta.num_nodes, BATCH, step_seed(0, dp_rank, 0))
-    subgraph = UniformVertexSampler().sample(graph, sample)
-    features = torch.from_numpy(prepared.features[sample.numpy()])
-    labels = torch.from_numpy(prepared.labels[sample.numpy()])
-    mask = torch.from_numpy(prepared.train_mask[sample.numpy()])
-    logits = model(subgraph, features, vertex_ids=sample, step=0)
-    loss = torch.nn.functional.cross_entropy(logits[mask], labels[mask])
-    loss.backward()
-    return {
-        "sample": sample,
-        "logits": logits.detach(),
-        "loss": loss.item(),
-        "grads": {n: p.grad.clone() for n, p in model.params.items()},
-        "params": {n: p.detach().clone() for n, p in model.params.items()},
-    }
-
-
 @pytest.fixture(scope="module")
 def oracle():
     prepared = prepare_in_memory(random_dataset(**GRAPH), permutation_seed=3)
-    return {(L, d): _oracle_grads(prepared, L, d) for L in LAYERS for d in (0, 1)}
-
-
-def _assemble(records, slicer, shape):
-    """Global tensor from shards; every replica of a slice must be bit-identical."""
-    out = torch.full(shape, float("nan"))
-    for record in records:
-        index, local = slicer(record)
-        existing = out[index]
-        filled = ~torch.isnan(existing)
-        if filled.any():
-            assert torch.equal(existing[filled], local[filled]), "replicas differ"
-        out[index] = local
-    assert not torch.isnan(out).any(), "some part of the tensor is held by no rank"
-    return out
+    return {
+        (L, d): reference_step(prepared, ModelConfig(layers=L, **MODEL), BATCH, d)
+        for L in LAYERS
+        for d in (0, 1)
+    }
 
 
 @pytest.mark.parametrize("grid", GRIDS)
@@ -104,7 +69,7 @@ def test_grid_matches_single_process(grid, oracle, tmp_path):
             group = [r for r in records if r["coords"].d == dp_rank]
             expected = oracle[(layers, dp_rank)]
             assert all(torch.equal(r["sample"], expected["sample"]) for r in group)
-            logits = _assemble(
+            logits = assemble(
                 group,
                 lambda r: ((slice(*r["logit_rows"]), slice(*r["logit_cols"])), r["logits"]),
                 expected["logits"].shape,
@@ -117,7 +82,7 @@ def test_grid_matches_single_process(grid, oracle, tmp_path):
                 s.local_slices(shape, r["coords"]),
                 r["grads"][n],
             )
-            grad = _assemble(records, slicer, shard.global_shape)
+            grad = assemble(records, slicer, shard.global_shape)
             error = relative_error(grad, expected_grads[name])
             assert error < TOLERANCE, f"L={layers} grad of {name}: relative error {error:.2e}"
             worst = max(worst, error)
@@ -125,7 +90,7 @@ def test_grid_matches_single_process(grid, oracle, tmp_path):
             param = oracle[(layers, 0)]["params"][name].clone().requires_grad_()
             param.grad = grad
             torch.optim.Adam([param], lr=0.01).step()
-            step1 = _assemble(
+            step1 = assemble(
                 records,
                 lambda r, s=shard, n=name: (
                     s.local_slices(shape, r["coords"]),
@@ -134,9 +99,9 @@ def test_grid_matches_single_process(grid, oracle, tmp_path):
                 shard.global_shape,
             )
             assert torch.allclose(step1, param.detach(), rtol=0, atol=1e-6)
-            # Replicas stay bit-identical after the optimizer steps (asserted in _assemble):
+            # Replicas stay bit-identical after the optimizer steps (asserted in assemble):
             # five for the deepest model, one for the others.
-            _assemble(
+            assemble(
                 records,
                 lambda r, s=shard, n=name: (
                     s.local_slices(shape, r["coords"]),

@@ -1,0 +1,184 @@
+"""Property-based: any config either runs and matches the oracle, or is refused with a
+named reason. Malformed YAML and unknown keys are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from dgl_scalegnn.config import ConfigError, ModelConfig, config_from_mapping, load_config
+from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.dist.comm import Runtime
+from dgl_scalegnn.dist.grid import GridError, GridShape
+from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.trainer import Trainer
+from tests.helpers import random_dataset
+from tests.oracle import assemble, reference_step
+from tests.ranks import spawn_ranks
+
+SECTIONS = ("data", "model", "sampling", "train", "parallel", "optim", "output")
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 10_000),
+    st.floats(-2, 2, allow_nan=False),
+    st.text(max_size=8),
+    st.sampled_from(["1x2x2x2", "2x2", "cora", "synthetic", "nccl"]),
+)
+KEYS = st.sampled_from(
+    [
+        "hidden",
+        "layers",
+        "dropout",
+        "batch_size",
+        "grid",
+        "name",
+        "epochs",
+        "lr",
+        "bogus",
+        "target_acc",
+        "timeout_s",
+        "checkpoint_every",
+        "spmm_kernel",
+        "eval_every",
+        "prefetch",
+    ]
+)
+
+
+@settings(max_examples=300, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.dictionaries(
+        st.sampled_from([*SECTIONS, "extra"]),
+        st.dictionaries(KEYS, SCALARS, max_size=3),
+        max_size=4,
+    )
+)
+def test_any_mapping_is_accepted_or_refused_naming_a_key(mapping):
+    try:
+        config_from_mapping(mapping)
+    except ConfigError as error:
+        message = str(error)
+        named = [f"{s}.{k}" for s, values in mapping.items() for k in values] + list(mapping)
+        assert any(key in message for key in named), message
+
+
+@settings(max_examples=100, derandomize=True)
+@given(st.text(alphabet="ab:-[]{}\n 1x,'\"#&*!|>", max_size=40))
+def test_malformed_yaml_is_refused(tmp_path_factory, text):
+    path = tmp_path_factory.mktemp("yaml") / "config.yaml"
+    path.write_text(text)
+    try:
+        load_config(path)
+    except ConfigError as error:
+        assert str(path) in str(error) or "unknown key" in str(error) or ": expected" in str(error)
+
+
+def test_unknown_key_is_refused_with_the_known_keys():
+    with pytest.raises(
+        ConfigError, match=r"unknown key model\.hiden; the keys of model are .*hidden"
+    ):
+        config_from_mapping({"model": {"hiden": 8}})
+
+
+# ---------------------------------------------------------------- grid / size property
+shapes = st.tuples(
+    st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(1, 2)
+).filter(lambda s: math.prod(s) <= 4)
+
+
+@st.composite
+def jobs(draw):
+    return {
+        "shape": draw(shapes),
+        "num_nodes": draw(st.integers(4, 40)),
+        "batch_size": draw(st.integers(-1, 45)),
+        "num_features": draw(st.integers(1, 6)),
+        "num_classes": draw(st.integers(2, 5)),
+        "hidden": draw(st.integers(1, 7)),
+        "layers": draw(st.integers(0, 4)),
+    }
+
+
+def _refusal(job) -> str | None:
+    """The key a job must be refused for, checked by the real code path on one process."""
+    mapping = {
+        "model": {"hidden": job["hidden"], "layers": job["layers"], "dropout": 0.25},
+        "sampling": {"batch_size": job["batch_size"]},
+    }
+    try:
+        cfg = config_from_mapping(mapping)
+        graph = _graph(job)
+        Trainer(cfg, graph, Runtime.single_process(), MetricsWriter(None, enabled=False))
+    except (ConfigError, GridError) as error:
+        return str(error)
+    return None
+
+
+def _graph(job):
+    dataset = random_dataset(
+        num_nodes=job["num_nodes"],
+        num_edges=3 * job["num_nodes"],
+        num_features=job["num_features"],
+        num_classes=job["num_classes"],
+        isolated=1,
+        seed=job["num_nodes"],
+    )
+    return prepare_in_memory(dataset, permutation_seed=3)
+
+
+@settings(max_examples=8, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(jobs())
+def test_random_grid_and_sizes_match_the_oracle_or_are_refused(tmp_path_factory, job):
+    refusal = _refusal(job)
+    if job["batch_size"] < 2 or job["batch_size"] > job["num_nodes"]:
+        event("refused: batch size")
+        assert refusal is not None and "sampling.batch_size" in refusal
+        return
+    if not _graph(job).meta.split_sizes["train"]:
+        event("refused: no training vertex")
+        assert refusal is not None and "train_mask selects no vertex" in refusal
+        return
+    assert refusal is None
+    event(f"ran on {math.prod(job['shape'])} ranks")
+    shape = GridShape(*job["shape"])
+    out = tmp_path_factory.mktemp("job")
+    spec = {
+        "grid": str(shape),
+        "layers": [job["layers"]],
+        "batch_size": job["batch_size"],
+        "model": {"hidden": job["hidden"], "dropout": 0.25},
+        "out": str(out),
+        "graph": {
+            "num_nodes": job["num_nodes"],
+            "num_edges": 3 * job["num_nodes"],
+            "num_features": job["num_features"],
+            "num_classes": job["num_classes"],
+            "isolated": 1,
+            "seed": job["num_nodes"],
+        },
+    }
+    (out / "spec.json").write_text(json.dumps(spec))
+    spawn_ranks(
+        shape.world_size, "tests.workers.grid_equivalence:main", [str(out / "spec.json")], out
+    )
+    model = ModelConfig(hidden=job["hidden"], layers=job["layers"], dropout=0.25)
+    for dp_rank in range(shape.dp):
+        expected = reference_step(_graph(job), model, job["batch_size"], dp_rank)
+        records = [
+            torch.load(out / f"rank{r}_L{job['layers']}.pt") for r in range(shape.world_size)
+        ]
+        group = [r for r in records if r["coords"][0] == dp_rank]
+        for record in group:
+            assert record["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-7)
+        logits = assemble(
+            group,
+            lambda r: ((slice(*r["logit_rows"]), slice(*r["logit_cols"])), r["logits"]),
+            expected["logits"].shape,
+        )
+        assert torch.allclose(logits, expected["logits"], rtol=1e-5, atol=1e-6)
