@@ -77,7 +77,7 @@ def _measure(
     }
 
 
-def main() -> None:
+def main() -> dict:
     quick = quick_mode()
     num_nodes = 200_000 if quick else 1_000_000
     repeats = 5 if quick else 9
@@ -153,6 +153,7 @@ def main() -> None:
     figure.tight_layout()
     figure.savefig(path.with_suffix(".png"), dpi=120)
     print(f"wrote {path} and {path.with_suffix('.png')}")
+    return {"num_nodes": num_nodes, "rows": rows}
 
 
 if __name__ == "__main__":

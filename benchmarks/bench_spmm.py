@@ -48,7 +48,7 @@ def _measure(block, width: int, repeats: int) -> dict[str, float]:
     return row
 
 
-def main() -> None:
+def main() -> dict:
     quick = quick_mode()
     num_nodes, width, repeats = (200_000, 128, 7) if quick else (1_000_000, 128, 11)
     prepared = prepare_in_memory(generate(SyntheticConfig(num_nodes=num_nodes, avg_degree=20.0)), 0)
@@ -93,6 +93,7 @@ def main() -> None:
     figure.tight_layout()
     figure.savefig(path.with_suffix(".png"), dpi=120)
     print(f"wrote {path} and {path.with_suffix('.png')}")
+    return {"num_nodes": num_nodes, "rows": rows}
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import DataConfig, SyntheticConfig
 from dgl_scalegnn.data.datasets import dataset_from_graph, load_dataset
 from dgl_scalegnn.data.graph import DatasetError
+from tests.helpers import SHARED_DATA
 
-SHARED_PLANETOID = Path("/work/shared/datasets/planetoid")
+SHARED_PLANETOID = SHARED_DATA / "planetoid"
 
 
 def _fail_download(*args, **kwargs):

@@ -1,0 +1,144 @@
+"""Project epoch time to the paper's machines with the performance model.
+
+:mod:`dgl_scalegnn.perfmodel` counts every collective, flop and byte of one rank per
+step (its byte counts are checked against real runs in ``tests/test_perfmodel.py``).
+Here it is fed the rates of a Perlmutter-like node (4 x A100 40 GB linked by NVLink,
+4 x 25 GB/s Slingshot NICs per node) and the paper's two scaling settings, and its
+projected epoch times are printed beside the figures the paper reports.
+
+Assumptions (the paper does not state them): hidden size 256, 3 layers; ogbn-products
+batch 131,072 (5%), ogbn-papers100M batch 2^20 (~1%); float32 GEMMs (TF32 off, as
+PyTorch's default); the 3D grid stays at the paper's smallest shape and data
+parallelism grows, as in the paper's scaling runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchmarks.common import pyplot, write_results
+from dgl_scalegnn.dist.grid import GridShape
+from dgl_scalegnn.perfmodel import Hardware, Workload, epoch_time, memory_bytes
+
+__all__ = ["perlmutter", "PRODUCTS", "PAPERS100M", "project", "main"]
+
+GPUS_PER_NODE = 4
+NVLINK_BW = 150e9  # NCCL all-reduce bus bandwidth inside a 4 x A100 node
+NETWORK_BW = 25e9  # per GPU: four 25 GB/s NICs per node
+
+PRODUCTS = Workload(
+    num_nodes=2_449_029,
+    nnz=2 * 61_859_140 + 2_449_029,
+    batch_size=131_072,
+    in_features=100,
+    hidden=256,
+    num_classes=47,
+    layers=3,
+)
+PAPERS100M = Workload(
+    num_nodes=111_059_956,
+    nnz=2 * 1_615_685_872 + 111_059_956,
+    batch_size=2**20,
+    in_features=128,
+    hidden=256,
+    num_classes=172,
+    layers=3,
+)
+
+
+@dataclass(frozen=True)
+class PaperPoint:
+    gpus: int
+    grid: str
+    reported: str
+
+
+PRODUCTS_POINTS = [
+    PaperPoint(8, "1x2x2x2", "7.83 s to 79% test accuracy"),
+    PaperPoint(16, "2x2x2x2", ""),
+    PaperPoint(32, "4x2x2x2", ""),
+    PaperPoint(64, "8x2x2x2", "3.80 s to 79%"),
+    PaperPoint(128, "16x2x2x2", "7.8x faster epochs than at 8 GPUs"),
+]
+PAPERS_POINTS = [
+    PaperPoint(64, "1x4x4x4", "4095 ms per epoch"),
+    PaperPoint(128, "2x4x4x4", ""),
+    PaperPoint(256, "4x4x4x4", ""),
+    PaperPoint(512, "8x4x4x4", ""),
+    PaperPoint(1024, "16x4x4x4", ""),
+    PaperPoint(2048, "32x4x4x4", "189 ms per epoch (21.7x)"),
+]
+
+
+def _node_local(shape: GridShape, kind: str) -> bool:
+    """Whether the groups of ``kind`` stay inside one node (x varies fastest)."""
+    span = {"x": 1, "y": shape.x, "z": shape.x * shape.y, "tp": 1, "dp": shape.tp_size}[kind]
+    size = {"x": shape.x, "y": shape.y, "z": shape.z, "tp": shape.tp_size, "dp": shape.dp}[kind]
+    return span * size <= GPUS_PER_NODE
+
+
+def perlmutter(shape: GridShape) -> Hardware:
+    """A100 rates, NVLink for groups inside a node and the NICs for the others."""
+    bandwidth = {
+        k: NVLINK_BW if _node_local(shape, k) else NETWORK_BW for k in ("x", "y", "z", "tp", "dp")
+    }
+    return Hardware(bandwidth=bandwidth, latency_s=15e-6, gemm_flops=19.5e12, memory_bw=1.55e12)
+
+
+def project(work: Workload, points: list[PaperPoint]) -> list[dict]:
+    rows = []
+    for point in points:
+        shape = GridShape.parse(point.grid)
+        seconds = epoch_time(work, shape, perlmutter(shape))
+        memory = sum(memory_bytes(work, shape).values())
+        rows.append(
+            {
+                "gpus": point.gpus,
+                "grid": point.grid,
+                "projected_epoch_s": seconds,
+                "projected_memory_gb": memory / 1e9,
+                "paper": point.reported,
+            }
+        )
+    base = rows[0]["projected_epoch_s"]
+    for row in rows:
+        row["projected_speedup"] = base / row["projected_epoch_s"]
+    return rows
+
+
+def main() -> dict:
+    report = {
+        "ogbn-products": project(PRODUCTS, PRODUCTS_POINTS),
+        "ogbn-papers100M": project(PAPERS100M, PAPERS_POINTS),
+    }
+    for name, rows in report.items():
+        print(name)
+        for row in rows:
+            epoch_ms, speedup = row["projected_epoch_s"] * 1e3, row["projected_speedup"]
+            print(
+                f"  {row['gpus']:>5} GPUs {row['grid']:>9}: {epoch_ms:9.1f} ms/epoch "
+                f"({speedup:.1f}x), {row['projected_memory_gb']:.1f} GB/rank | "
+                f"paper: {row['paper'] or '-'}"
+            )
+    path = write_results("bench_projection", {"assumptions": __doc__, "projections": report})
+    plt = pyplot()
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for name, rows in report.items():
+        axis.loglog(
+            [r["gpus"] for r in rows],
+            [r["projected_epoch_s"] for r in rows],
+            "o-",
+            label=f"{name} (model)",
+        )
+    axis.loglog([64, 2048], [4.095, 0.189], "k^--", label="ogbn-papers100M (paper)")
+    axis.set_xlabel("GPUs")
+    axis.set_ylabel("epoch time, s")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path.with_suffix(".png"), dpi=120)
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Scaling on this machine, and DistDGL at the same process counts.
+
+On the synthetic graph, for 1, 2, 4 and 8 processes:
+
+- dgl_scalegnn through the real launcher (``launch/mpirun.sh``) on the grids
+  1x1x1x1, 1x1x1x2, 1x1x2x2 and 1x2x2x2: epoch time, per-rank bytes per step (by group
+  kind), training time to the target test accuracy and evaluation time per round;
+- DistDGL (DGL's own distributed GraphSAGE, servers and trainers on loopback,
+  :mod:`benchmarks.baselines.distdgl`) on the same graph: time to the same target and
+  its (neighbour-sampled) evaluation time per round.
+
+The machine has 2 cores: from 4 processes on, every run is oversubscribed, so these
+figures show overheads, not the speedups of a GPU cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import yaml
+from benchmarks.common import pyplot, quick_mode, write_results
+from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.data.synthetic import generate
+from dgl_scalegnn.train.metrics import read_metrics
+
+GRIDS = {1: "1x1x1x1", 2: "1x1x1x2", 4: "1x1x2x2", 8: "1x2x2x2"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ours(num_nodes: int, processes: int, target: float, max_epochs: int) -> dict:
+    """One launch of ``scalegnn train`` through ``launch/mpirun.sh``; its metrics summary."""
+    config = {
+        "data": {"name": "synthetic", "synthetic": {"num_nodes": num_nodes}},
+        "model": {"hidden": 64, "layers": 2, "dropout": 0.2},
+        "sampling": {"batch_size": num_nodes // 10, "prefetch": True},
+        "train": {
+            "epochs": max_epochs,
+            "eval_every": 1,
+            "target_metric": "test_acc",
+            "target_acc": target,
+            "progress": False,
+        },
+        "optim": {"lr": 0.01},
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        path, metrics = Path(scratch, "config.yaml"), Path(scratch, "metrics.jsonl")
+        path.write_text(yaml.safe_dump(config))
+        env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
+        subprocess.run(
+            [
+                str(ROOT / "launch" / "mpirun.sh"),
+                str(processes),
+                GRIDS[processes],
+                str(path),
+                "--metrics",
+                str(metrics),
+            ],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            timeout=3600,
+            capture_output=True,
+        )
+        steps = read_metrics(metrics, "step")
+        evals = read_metrics(metrics, "eval")
+        summary = read_metrics(metrics, "summary")[0]
+    kinds = sorted({k for s in steps for k in s["bytes"]})
+    return {
+        "processes": processes,
+        "grid": GRIDS[processes],
+        "time_to_target_s": summary["time_to_target_s"],
+        "epochs": summary["epochs"],
+        "epoch_s": summary["train_s"] / max(summary["epochs"], 1),
+        "eval_s_per_round": statistics.median(e["eval_s"] for e in evals),
+        "bytes_per_step": {k: statistics.mean(s["bytes"].get(k, 0) for s in steps) for k in kinds},
+        "best_test_acc": max(e["test_acc"] for e in evals),
+    }
+
+
+def distdgl(num_nodes: int, processes: int, target: float, max_epochs: int) -> dict:
+    """DistDGL GraphSAGE at ``processes`` trainers on the same synthetic graph."""
+    from benchmarks.baselines import distdgl as peer
+
+    dataset = generate(SyntheticConfig(num_nodes=num_nodes))
+    config = peer.LaunchConfig(target_acc=target, max_epochs=max_epochs, stop_at_target=True)
+    result = peer.run(dataset, processes, config)
+    last = result["history"][-1]
+    return {
+        "processes": processes,
+        "time_to_target_s": result["time_to_target_s"],
+        "epochs": last["epoch"],
+        "epoch_s": last["train_s"] / last["epoch"],
+        "eval_s_per_round": result["eval_s_per_round"],
+        "best_test_acc": max(h["test_acc"] for h in result["history"]),
+    }
+
+
+def main() -> dict:
+    quick = quick_mode()
+    num_nodes, target, max_epochs = (20_000, 0.85, 10) if quick else (50_000, 0.87, 15)
+    counts = (1, 2, 4, 8)
+    rows = {"dgl_scalegnn": [], "distdgl": []}
+    for processes in counts:
+        rows["dgl_scalegnn"].append(ours(num_nodes, processes, target, max_epochs))
+        rows["distdgl"].append(distdgl(num_nodes, processes, target, max_epochs))
+        for system in rows:
+            row = rows[system][-1]
+            reached = row["time_to_target_s"]
+            print(
+                f"{system:>12} P={processes}: {row['epoch_s']:.2f} s/epoch, time to {target:.2f}: "
+                f"{'not reached' if reached is None else f'{reached:.2f} s'}, "
+                f"eval {row['eval_s_per_round']:.3f} s/round",
+                flush=True,
+            )
+    path = write_results(
+        "bench_scaling",
+        {"num_nodes": num_nodes, "target_acc": target, "quick": quick, "rows": rows},
+    )
+    plt = pyplot()
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for system, series in rows.items():
+        left.plot(counts, [r["epoch_s"] for r in series], "o-", label=system)
+        right.plot(
+            counts, [r["time_to_target_s"] or float("nan") for r in series], "o-", label=system
+        )
+    left.set_ylabel("epoch time, s")
+    right.set_ylabel(f"training time to {target:.2f} test accuracy, s")
+    for axis in (left, right):
+        axis.set_xlabel("processes (2 cores)")
+        axis.set_xscale("log", base=2)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path.with_suffix(".png"), dpi=120)
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""dgl_scalegnn as one more method of the peer comparison, timed by the same loop.
+
+:class:`ScaleGNNPeer` wraps the real trainer (uniform vertex sampling, the parallel
+model on a one-process grid, full-graph evaluation) in the ``Baseline`` interface of
+:mod:`benchmarks.baselines.training`, so that its training time, evaluation time and
+accuracy are measured by exactly the code that measures GraphSAINT and GraphSAGE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from benchmarks.baselines import training
+from dgl_scalegnn.config import config_from_mapping
+from dgl_scalegnn.data.graph import NodeDataset
+from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.dist.comm import Runtime
+from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.trainer import Trainer
+
+__all__ = ["METHOD", "DEFAULTS", "ScaleGNNPeer", "train", "sweep"]
+
+METHOD = "scalegnn"
+DEFAULTS: dict[str, Any] = {
+    "hidden": 128,
+    "layers": 2,
+    "dropout": 0.5,
+    "input_dropout": 0.0,
+    "norm": True,
+    "residual": True,
+    "batch_size": 4096,
+    "lr": 0.01,
+    "weight_decay": 0.0,
+}
+
+
+class ScaleGNNPeer:
+    """The trainer of this project behind ``train_epoch`` / ``evaluate``."""
+
+    def __init__(self, dataset: NodeDataset, settings: Mapping[str, Any]) -> None:
+        # training.train_baseline seeded torch with the run's seed just before this.
+        seed = torch.initial_seed()
+        model_keys = ("hidden", "layers", "dropout", "input_dropout", "norm", "residual")
+        cfg = config_from_mapping(
+            {
+                "model": {k: settings[k] for k in model_keys},
+                "sampling": {
+                    "batch_size": min(settings["batch_size"], dataset.num_nodes),
+                    "seed": seed,
+                },
+                "train": {"seed": seed, "progress": False},
+                "optim": {"lr": settings["lr"], "weight_decay": settings["weight_decay"]},
+            }
+        )
+        graph = prepare_in_memory(dataset, permutation_seed=0)
+        self.trainer = Trainer(
+            cfg, graph, Runtime.single_process(), MetricsWriter(None, enabled=False)
+        )
+        self.step = 0
+
+    def train_epoch(self) -> None:
+        for _ in range(self.trainer.steps_per_epoch):
+            self.trainer.train_step(self.trainer.sample(self.step))
+            self.step += 1
+
+    def evaluate(self) -> tuple[float, float]:
+        accuracy = self.trainer.evaluate()
+        return accuracy["val_acc"], accuracy["test_acc"]
+
+
+def train(
+    dataset: NodeDataset,
+    settings: Mapping[str, Any] | None,
+    seed: int,
+    target_acc: float | None = None,
+    max_epochs: int = 50,
+    eval_every: int = 1,
+    *,
+    stop_at_target: bool = False,
+) -> dict[str, Any]:
+    """Train dgl_scalegnn on ``dataset``; the result format of :mod:`.baselines.training`."""
+    return training.train_baseline(
+        ScaleGNNPeer,
+        DEFAULTS,
+        METHOD,
+        dataset,
+        settings,
+        seed,
+        target_acc,
+        max_epochs,
+        eval_every,
+        stop_at_target,
+    )
+
+
+def sweep(
+    dataset: NodeDataset,
+    grid: Sequence[Mapping[str, Any]],
+    seeds: Sequence[int],
+    target_acc: float | None = None,
+    max_epochs: int = 50,
+    eval_every: int = 1,
+) -> dict[str, Any]:
+    """Best settings of ``grid`` by mean validation accuracy (:func:`.training.sweep`)."""
+    return training.sweep(train, dataset, grid, seeds, target_acc, max_epochs, eval_every)
