@@ -23,8 +23,9 @@ test:
 lint:
 	$(VENV)/bin/ruff check dgl_scalegnn tests benchmarks
 
+# The synthetic default on a 4-process grid through mpirun (NP, GRID, CONFIG overridable).
 run:
-	$(VENV)/bin/scalegnn train --config $(CONFIG)
+	OMP_WAIT_POLICY=passive launch/mpirun.sh $(NP) $(GRID) $(CONFIG)
 
 bench:
 	$(PY) -m benchmarks.run_all

@@ -23,6 +23,9 @@ threads=${OMP_NUM_THREADS:-$(( cores / np > 0 ? cores / np : 1 ))}
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-run-as-root)
 [ "$np" -gt "$cores" ] && extra+=(--oversubscribe)
+for name in OMP_WAIT_POLICY SCALEGNN_CACHE_DIR; do
+  [ -n "${!name:-}" ] && extra+=(-x "$name")
+done
 # shellcheck disable=SC2086
 exec "$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} -x OMP_NUM_THREADS="$threads" \
   -x SCALEGNN_DATA_ROOT -x PATH \
