@@ -182,3 +182,25 @@ def test_random_grid_and_sizes_match_the_oracle_or_are_refused(tmp_path_factory,
             expected["logits"].shape,
         )
         assert torch.allclose(logits, expected["logits"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("sampling.batch_size=1", "sampling.batch_size: got 1; it must be at least 2"),
+        ("model.hidden=0", "model.hidden: got 0; it must be at least 1"),
+        ("model.dropout=1.5", "model.dropout: got 1.5; it must be in [0, 1)"),
+        ("parallel.grid=2x2", "grid '2x2' is not of the form GdxGxxGyxGz"),
+        ("parallel.grid=1x2x2x2", "grid 1x2x2x2 needs 8 processes but the job has 1"),
+        ("data.name=imagenet", "data.name: got 'imagenet'; allowed values are"),
+        ("model.hidden=abc", "model.hidden: expected int, got str 'abc'"),
+        ("data.prepared=/no/such/dir", "data.prepared: directory '/no/such/dir' does not exist"),
+        ("data.name=cora", "set data.root in the config or the SCALEGNN_DATA_ROOT environment"),
+    ],
+)
+def test_cli_refuses_bad_values_naming_the_key(capsys, monkeypatch, override, named):
+    from dgl_scalegnn.cli import main
+
+    monkeypatch.delenv("SCALEGNN_DATA_ROOT", raising=False)
+    assert main(["train", "--set", override, "--set", "train.max_steps=1"]) == 2
+    assert named in capsys.readouterr().err
