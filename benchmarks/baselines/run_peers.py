@@ -55,10 +55,16 @@ GRIDS: dict[tuple[str, str], list[dict[str, Any]]] = {
             "norm": False,
             "residual": False,
             "batch_size": b,
-            "lr": 0.01,
+            "lr": lr,
             "weight_decay": 5e-4,
         }
-        for h, b in ((256, 2048), (128, 2048), (256, 1536), (256, 2400))
+        # the first is yaml/cora.yaml
+        for h, b, lr in (
+            (128, 2400, 0.005),
+            (256, 2400, 0.005),
+            (128, 2048, 0.005),
+            (64, 2400, 0.01),
+        )
     ],
     ("scalegnn", "synthetic"): [
         {"hidden": 128, "layers": layers, "dropout": 0.2, "batch_size": b, "lr": 0.01}
