@@ -27,6 +27,9 @@ lint:
 run:
 	OMP_WAIT_POLICY=passive launch/mpirun.sh $(NP) $(GRID) $(CONFIG)
 
+# The accuracy benchmark reads Cora's Planetoid files from SCALEGNN_DATA_ROOT; unset, it
+# uses the copy the tests read (../shared/datasets beside the project).
+bench: export SCALEGNN_DATA_ROOT ?= $(abspath ../shared/datasets)
 bench:
 	$(PY) -m benchmarks.run_all
 

@@ -184,7 +184,7 @@ _CHOICES = {
     "train.target_metric": ("train_acc", "val_acc", "test_acc"),
     "train.on_nonfinite": ("stop", "skip"),
     "parallel.backend": ("auto", "gloo", "nccl"),
-    "parallel.spmm_kernel": ("auto", "dgl-scaled", "dgl-weighted", "torch-csr"),
+    "parallel.spmm_kernel": ("auto", "torch-csr", "dgl-scaled", "dgl-weighted"),
 }
 
 
