@@ -95,7 +95,7 @@ def worker(config_path: str, out_path: str, steps: int, warmup: int) -> None:
         if session.runtime.grid.rank == 0:
             Path(out_path).write_text(json.dumps(results))
     finally:
-        end_session()
+        end_session(session)
 
 
 def _breakdown(result: dict) -> dict[str, float]:

@@ -89,9 +89,10 @@ def start_session(parallel: ParallelConfig) -> Session:
     return Session(info, runtime, device_for(info, backend), backend, watchdog)
 
 
-def end_session(session: Session | None = None, error: BaseException | None = None) -> None:
-    """Shut down; after an ``error`` make every other rank stop too and say why."""
-    watchdog = session.watchdog if session is not None else None
+def end_session(session: Session, error: BaseException | None = None) -> None:
+    """Shut down (the watchdog's thread too, which must not outlive the interpreter);
+    after an ``error`` make every other rank stop too and say why."""
+    watchdog = session.watchdog
     if watchdog is not None and error is not None:
         if is_communication_error(error):
             watchdog.await_verdict()  # ends the process if another rank left first

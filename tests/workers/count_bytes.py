@@ -33,4 +33,4 @@ def main(config: dict, steps: int, out: str) -> None:
         rank = session.runtime.grid.rank
         Path(out, f"bytes{rank}.json").write_text(json.dumps(counted))
     finally:
-        end_session()
+        end_session(session)

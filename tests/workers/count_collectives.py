@@ -65,4 +65,4 @@ def main(spec_path: str) -> None:
             json.dumps({"sampling": sampling, "training": training})
         )
     finally:
-        end_session()
+        end_session(session)

@@ -64,4 +64,4 @@ def main(spec_path: str) -> None:
             record["params_final"] = {n: p.detach().clone() for n, p in model.params.items()}
             torch.save(record, Path(spec["out"]) / f"rank{grid.rank}_L{layers}.pt")
     finally:
-        end_session()
+        end_session(session)

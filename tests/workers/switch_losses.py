@@ -41,4 +41,4 @@ def main(base: dict, variants: dict[str, dict], steps: int, out: str) -> None:
         if session.runtime.grid.rank == 0:
             Path(out, "losses.json").write_text(json.dumps(losses))
     finally:
-        end_session()
+        end_session(session)
