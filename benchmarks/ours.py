@@ -8,7 +8,7 @@ accuracy are measured by exactly the code that measures GraphSAINT and GraphSAGE
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from dgl_scalegnn.dist.comm import Runtime
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 
-__all__ = ["METHOD", "DEFAULTS", "ScaleGNNPeer", "train", "sweep"]
+__all__ = ["METHOD", "DEFAULTS", "ScaleGNNPeer", "PEER"]
 
 METHOD = "scalegnn"
 DEFAULTS: dict[str, Any] = {
@@ -71,38 +71,5 @@ class ScaleGNNPeer:
         return accuracy["val_acc"], accuracy["test_acc"]
 
 
-def train(
-    dataset: NodeDataset,
-    settings: Mapping[str, Any] | None,
-    seed: int,
-    target_acc: float | None = None,
-    max_epochs: int = 50,
-    eval_every: int = 1,
-    *,
-    stop_at_target: bool = False,
-) -> dict[str, Any]:
-    """Train dgl_scalegnn on ``dataset``; the result format of :mod:`.baselines.training`."""
-    return training.train_baseline(
-        ScaleGNNPeer,
-        DEFAULTS,
-        METHOD,
-        dataset,
-        settings,
-        seed,
-        target_acc,
-        max_epochs,
-        eval_every,
-        stop_at_target,
-    )
-
-
-def sweep(
-    dataset: NodeDataset,
-    grid: Sequence[Mapping[str, Any]],
-    seeds: Sequence[int],
-    target_acc: float | None = None,
-    max_epochs: int = 50,
-    eval_every: int = 1,
-) -> dict[str, Any]:
-    """Best settings of ``grid`` by mean validation accuracy (:func:`.training.sweep`)."""
-    return training.sweep(train, dataset, grid, seeds, target_acc, max_epochs, eval_every)
+#: This method of the comparison (``PEER.train``, ``PEER.sweep``).
+PEER = training.Method(METHOD, ScaleGNNPeer, DEFAULTS)

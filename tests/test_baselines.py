@@ -134,7 +134,7 @@ def _check_result(result: dict, max_epochs: int, wall_s: float) -> None:
 )
 def test_baseline_learns_and_reports(module, settings, epochs, small) -> None:
     start = time.perf_counter()
-    result = module.train(small, settings, 0, MIN_ACCURACY, epochs, 2)
+    result = module.PEER.train(small, settings, 0, MIN_ACCURACY, epochs, 2)
     wall_s = time.perf_counter() - start
     _check_result(result, epochs, wall_s)
     assert [r["epoch"] for r in result["history"]] == sorted({*range(2, epochs + 1, 2), epochs})
@@ -153,7 +153,7 @@ def test_same_seed_same_run(module, settings, small, monkeypatch) -> None:
     monkeypatch.setattr(training, "machine_cores", lambda: 1)
     previous = torch.get_num_threads()
     try:
-        runs = [module.train(small, settings, seed, None, 1, 1) for seed in (5, 5, 6)]
+        runs = [module.PEER.train(small, settings, seed, None, 1, 1) for seed in (5, 5, 6)]
     finally:
         torch.set_num_threads(previous)
     accuracies = [[(r["val_acc"], r["test_acc"]) for r in run["history"]] for run in runs]
@@ -163,9 +163,9 @@ def test_same_seed_same_run(module, settings, small, monkeypatch) -> None:
 
 def test_unknown_setting_is_refused(small) -> None:
     with pytest.raises(ValueError, match="unknown setting 'bugdet'"):
-        graphsaint.train(small, {"bugdet": 10}, 0, None, 1, 1)
+        graphsaint.PEER.train(small, {"bugdet": 10}, 0, None, 1, 1)
     with pytest.raises(ValueError, match="fanouts"):
-        graphsage.train(small, {"fanouts": [5]}, 0, None, 1, 1)
+        graphsage.PEER.train(small, {"fanouts": [5]}, 0, None, 1, 1)
 
 
 def test_layerwise_inference_with_all_neighbours_is_exact(small) -> None:

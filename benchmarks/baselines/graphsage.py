@@ -37,13 +37,13 @@ __all__ = [
     "GraphSAGEBaseline",
     "resolve_fanouts",
     "layerwise_inference",
-    "train",
-    "sweep",
+    "PEER",
 ]
 
 METHOD = "graphsage"
 
-#: Settings of :func:`train` and their defaults; ``fanouts`` ``None`` means 10 per layer.
+#: Settings (``PEER.train``) and their defaults: ``batch_size`` training vertices per step,
+#: ``fanouts`` one per layer, input layer first (``None``: 10 per layer).
 DEFAULTS: dict[str, Any] = {
     "hidden": 128,
     "layers": 2,
@@ -218,62 +218,5 @@ class GraphSAGEBaseline(training.MiniBatchBaseline):
         )
 
 
-def train(
-    dataset: NodeDataset,
-    settings: Mapping[str, Any] | None,
-    seed: int,
-    target_acc: float | None = None,
-    max_epochs: int = 50,
-    eval_every: int = 1,
-    *,
-    stop_at_target: bool = False,
-) -> dict[str, Any]:
-    """Train GraphSAGE on ``dataset``; the result format of :mod:`.training`.
-
-    Parameters
-    ----------
-    dataset : NodeDataset
-        A single-label graph with the usual node data.
-    settings : dict or None
-        Overrides of :data:`DEFAULTS`: ``hidden``, ``layers``, ``lr``, ``dropout``,
-        ``weight_decay``, ``batch_size`` (training vertices per step), ``fanouts``
-        (one per layer, input layer first), ``eval_fanout``, ``eval_batch_size``.
-    seed : int
-        Seeds torch, NumPy and DGL: the run is a function of the seed.
-    target_acc : float, optional
-        Test accuracy defining ``time_to_target_s``.
-    max_epochs, eval_every : int
-        Epochs (passes over the training vertices) and evaluation period.
-    stop_at_target : bool
-        Stop once ``target_acc`` is reached.
-
-    Returns
-    -------
-    dict
-        ``history``, ``best_val_acc``, ``test_at_best_val``, ``time_to_target_s``,
-        ``eval_s_per_round``, ``method``, ``settings``, ``seed``, ``setup_s``.
-    """
-    return training.train_baseline(
-        GraphSAGEBaseline,
-        DEFAULTS,
-        METHOD,
-        dataset,
-        settings,
-        seed,
-        target_acc,
-        max_epochs,
-        eval_every,
-        stop_at_target,
-    )
-
-
-def sweep(
-    dataset: NodeDataset,
-    grid: Sequence[Mapping[str, Any]],
-    seeds: Sequence[int],
-    target_acc: float | None = None,
-    max_epochs: int = 50,
-    eval_every: int = 1,
-) -> dict[str, Any]:
-    """:func:`.training.sweep` of :func:`train` (best settings by mean validation accuracy)."""
-    return training.sweep(train, dataset, grid, seeds, target_acc, max_epochs, eval_every)
+#: This method of the comparison (``PEER.train``, ``PEER.sweep``).
+PEER = training.Method(METHOD, GraphSAGEBaseline, DEFAULTS)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,13 +57,13 @@ __all__ = [
     "count_occurrences",
     "norm_from_counts",
     "estimate_norm",
-    "train",
-    "sweep",
+    "PEER",
 ]
 
 METHOD = "graphsaint-node"
 
-#: Settings of :func:`train` and their defaults.
+#: Settings (``PEER.train``) and their defaults: ``budget`` draws per subgraph (an epoch
+#: is ``ceil(N / budget)`` subgraphs), ``norm_coverage`` pre-sampling for the normalisation.
 DEFAULTS: dict[str, Any] = {
     "hidden": 128,
     "layers": 2,
@@ -300,62 +300,5 @@ class GraphSAINTBaseline(training.MiniBatchBaseline):
         return logits[ids]
 
 
-def train(
-    dataset: NodeDataset,
-    settings: Mapping[str, Any] | None,
-    seed: int,
-    target_acc: float | None = None,
-    max_epochs: int = 50,
-    eval_every: int = 1,
-    *,
-    stop_at_target: bool = False,
-) -> dict[str, Any]:
-    """Train GraphSAINT-node on ``dataset``; the result format of :mod:`.training`.
-
-    Parameters
-    ----------
-    dataset : NodeDataset
-        A single-label graph with the usual node data.
-    settings : dict or None
-        Overrides of :data:`DEFAULTS`: ``hidden``, ``layers``, ``lr``, ``dropout``,
-        ``weight_decay``, ``budget`` (draws per subgraph), ``norm_coverage``.
-    seed : int
-        Seeds torch, NumPy and DGL: the run is a function of the seed.
-    target_acc : float, optional
-        Test accuracy defining ``time_to_target_s``.
-    max_epochs, eval_every : int
-        Epochs (of ``ceil(N / budget)`` subgraphs) and evaluation period.
-    stop_at_target : bool
-        Stop once ``target_acc`` is reached.
-
-    Returns
-    -------
-    dict
-        ``history``, ``best_val_acc``, ``test_at_best_val``, ``time_to_target_s``,
-        ``eval_s_per_round``, ``method``, ``settings``, ``seed``, ``setup_s`` (graph
-        preparation and pre-sampling for the normalisation).
-    """
-    return training.train_baseline(
-        GraphSAINTBaseline,
-        DEFAULTS,
-        METHOD,
-        dataset,
-        settings,
-        seed,
-        target_acc,
-        max_epochs,
-        eval_every,
-        stop_at_target,
-    )
-
-
-def sweep(
-    dataset: NodeDataset,
-    grid: Sequence[Mapping[str, Any]],
-    seeds: Sequence[int],
-    target_acc: float | None = None,
-    max_epochs: int = 50,
-    eval_every: int = 1,
-) -> dict[str, Any]:
-    """:func:`.training.sweep` of :func:`train` (best settings by mean validation accuracy)."""
-    return training.sweep(train, dataset, grid, seeds, target_acc, max_epochs, eval_every)
+#: This method of the comparison (``PEER.train``, ``PEER.sweep``).
+PEER = training.Method(METHOD, GraphSAINTBaseline, DEFAULTS)

@@ -21,7 +21,6 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -36,10 +35,10 @@ from dgl_scalegnn.data.synthetic import generate
 
 __all__ = ["METHODS", "GRIDS", "EPOCHS", "load", "reachable_target", "measure", "main"]
 
-METHODS: dict[str, ModuleType] = {
-    "scalegnn": ours,
-    "graphsaint": graphsaint,
-    "graphsage": graphsage,
+METHODS: dict[str, training.Method] = {
+    "scalegnn": ours.PEER,
+    "graphsaint": graphsaint.PEER,
+    "graphsage": graphsage.PEER,
 }
 
 #: Grids per (method, dataset); the first entry alone in ``--quick`` mode.

@@ -27,6 +27,7 @@ import statistics
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -51,6 +52,7 @@ __all__ = [
     "mean_std",
     "train_baseline",
     "sweep",
+    "Method",
 ]
 
 #: Keys of the dictionary :func:`run_epochs` returns.
@@ -400,3 +402,55 @@ def sweep(
         "results": per_seed[best],
         "table": table,
     }
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method of the comparison: its name, how to build it and its default settings.
+
+    Examples
+    --------
+    ``Method("graphsage", GraphSAGEBaseline, DEFAULTS).train(dataset, {"lr": 0.01}, 0)``
+    """
+
+    name: str
+    factory: Callable[[NodeDataset, dict[str, Any]], Baseline]
+    defaults: Mapping[str, Any]
+
+    def train(
+        self,
+        dataset: NodeDataset,
+        settings: Mapping[str, Any] | None,
+        seed: int,
+        target_acc: float | None = None,
+        max_epochs: int = 50,
+        eval_every: int = 1,
+        *,
+        stop_at_target: bool = False,
+    ) -> dict[str, Any]:
+        """:func:`train_baseline` with ``settings`` over :attr:`defaults` (unknown keys
+        refused); ``target_acc`` is the test accuracy defining ``time_to_target_s``."""
+        return train_baseline(
+            self.factory,
+            self.defaults,
+            self.name,
+            dataset,
+            settings,
+            seed,
+            target_acc,
+            max_epochs,
+            eval_every,
+            stop_at_target,
+        )
+
+    def sweep(
+        self,
+        dataset: NodeDataset,
+        grid: Sequence[Mapping[str, Any]],
+        seeds: Sequence[int],
+        target_acc: float | None = None,
+        max_epochs: int = 50,
+        eval_every: int = 1,
+    ) -> dict[str, Any]:
+        """:func:`sweep` of :meth:`train` (best settings by mean validation accuracy)."""
+        return sweep(self.train, dataset, grid, seeds, target_acc, max_epochs, eval_every)
