@@ -35,8 +35,9 @@ def ours(num_nodes: int, processes: int, target: float, max_epochs: int) -> dict
     """One launch of ``scalegnn train`` through ``launch/mpirun.sh``; its metrics summary."""
     config = {
         "data": {"name": "synthetic", "synthetic": {"num_nodes": num_nodes}},
-        "model": {"hidden": 64, "layers": 2, "dropout": 0.2},
-        "sampling": {"batch_size": num_nodes // 10, "prefetch": True},
+        # the best settings of the accuracy sweep (benchmarks/baselines/run_peers.py)
+        "model": {"hidden": 64, "layers": 2, "dropout": 0.2, "norm": False, "residual": False},
+        "sampling": {"batch_size": num_nodes // 2, "prefetch": True},
         "train": {
             "epochs": max_epochs,
             "eval_every": 1,
@@ -101,7 +102,7 @@ def distdgl(num_nodes: int, processes: int, target: float, max_epochs: int) -> d
 
 def main() -> dict:
     quick = quick_mode()
-    num_nodes, target, max_epochs = (20_000, 0.85, 10) if quick else (50_000, 0.87, 15)
+    num_nodes, target, max_epochs = (20_000, 0.80, 10) if quick else (50_000, 0.87, 15)
     counts = (1, 2, 4, 8)
     rows = {"dgl_scalegnn": [], "distdgl": []}
     for processes in counts:
