@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import pyplot, quick_mode, write_results
+from benchmarks.common import pyplot, quick_mode, save_plot, write_results
+from dgl_scalegnn.profiling import COMPONENTS
 
 VARIANTS = [
     ("baseline", {}),
@@ -33,16 +34,6 @@ VARIANTS = [
     ("+fusion", {"parallel": {"fuse": True}}),
     ("+overlap", {"parallel": {"overlap": True}}),
 ]
-COMPONENTS = (
-    "sampling",
-    "prefetch_wait",
-    "spmm",
-    "gemm",
-    "elementwise",
-    "tp_allreduce",
-    "redistribute",
-    "dp_allreduce",
-)
 
 
 def _config(num_nodes: int, grid: str) -> dict:
@@ -157,12 +148,11 @@ def main() -> dict:
     path = write_results(
         "bench_optimizations", {"num_nodes": num_nodes, "quick": quick, "grids": report}
     )
-    _plot(report, path.with_suffix(".png"))
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    _plot(report, path)
     return report
 
 
-def _plot(report: dict, target: Path) -> None:
+def _plot(report: dict, results_path: Path) -> None:
     plt = pyplot()
     figure, axes = plt.subplots(1, len(report), figsize=(6 * len(report), 4.5), squeeze=False)
     for axis, (grid, results) in zip(axes[0], report.items()):
@@ -179,8 +169,7 @@ def _plot(report: dict, target: Path) -> None:
         axis.set_ylabel("epoch time, s")
         axis.tick_params(axis="x", rotation=20)
     axes[0][-1].legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(target, dpi=120)
+    save_plot(figure, results_path)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.common import pyplot, write_results
+from benchmarks.common import pyplot, save_plot, write_results
 from dgl_scalegnn.dist.grid import GridShape
 from dgl_scalegnn.perfmodel import Hardware, Workload, epoch_time, memory_bytes
 
@@ -134,9 +134,7 @@ def main() -> dict:
     axis.set_xlabel("GPUs")
     axis.set_ylabel("epoch time, s")
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path.with_suffix(".png"), dpi=120)
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    save_plot(figure, path)
     return report
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import median_seconds, pyplot, quick_mode, write_results
+from benchmarks.common import median_seconds, pyplot, quick_mode, save_plot, write_results
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
@@ -150,9 +150,7 @@ def main() -> dict:
     axis.set_ylabel("ms per step (median)")
     axis.set_title(f"Sampling, N={num_nodes:,}, nnz={prepared.meta.nnz:,}")
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path.with_suffix(".png"), dpi=120)
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    save_plot(figure, path)
     return {"num_nodes": num_nodes, "rows": rows}
 
 

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from benchmarks.common import pyplot, quick_mode, write_results
+from benchmarks.common import pyplot, quick_mode, save_plot, write_results
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.train.metrics import read_metrics
@@ -134,9 +134,7 @@ def main() -> dict:
         axis.set_xlabel("processes (2 cores)")
         axis.set_xscale("log", base=2)
         axis.legend()
-    figure.tight_layout()
-    figure.savefig(path.with_suffix(".png"), dpi=120)
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    save_plot(figure, path)
     return rows
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import median_seconds, pyplot, quick_mode, write_results
+from benchmarks.common import median_seconds, pyplot, quick_mode, save_plot, write_results
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
@@ -91,9 +91,7 @@ def main() -> dict:
     axis.set_ylabel("forward + backward, ms (median)")
     axis.set_title(f"Local SpMM, N={num_nodes:,}, D={width}")
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path.with_suffix(".png"), dpi=120)
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    save_plot(figure, path)
     return {"num_nodes": num_nodes, "rows": rows}
 
 

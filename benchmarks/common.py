@@ -56,3 +56,10 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_plot(figure, results_path: Path) -> None:
+    """Save ``figure`` as the PNG beside ``results_path`` (its JSON) and say where both are."""
+    figure.tight_layout()
+    figure.savefig(results_path.with_suffix(".png"), dpi=120)
+    print(f"wrote {results_path} and {results_path.with_suffix('.png')}", flush=True)
