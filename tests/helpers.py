@@ -8,9 +8,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import yaml
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.data.prepared import PreparedGraph
+from dgl_scalegnn.dist.grid import GridShape
+from dgl_scalegnn.train.metrics import read_metrics
+from tests.ranks import spawn_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -55,3 +59,33 @@ def prepared_dgl_graph(prepared: PreparedGraph) -> dgl.DGLGraph:
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     scale = expected.abs().max().clamp(min=1e-12)
     return float((actual - expected).abs().max() / scale)
+
+
+def train_through_cli(
+    tmp_path: Path,
+    name: str,
+    grid: str,
+    config: dict | str,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> list[dict]:
+    """Run ``scalegnn train`` on spawned ranks of ``grid`` with a config (a dict, or a
+    YAML file of the project) and Cora's files at hand; returns its metrics events."""
+    if isinstance(config, dict):
+        config_path = tmp_path / f"{name}.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+    else:
+        config_path = ROOT / config
+    metrics = tmp_path / f"{name}.jsonl"
+    argv = ["train", "--config", str(config_path), "--grid", grid, "--metrics", str(metrics)]
+    rank_env = {"SCALEGNN_DATA_ROOT": str(SHARED_DATA), **(env or {})}
+    world_size = GridShape.parse(grid).world_size
+    spawn_ranks(
+        world_size, "dgl_scalegnn.cli:main", [[*argv, *extra]], tmp_path / name, env=rank_env
+    )
+    return read_metrics(metrics)
+
+
+def step_losses(events: list[dict]) -> list[float]:
+    """The losses of the ``step`` events, in order."""
+    return [e["loss"] for e in events if e["event"] == "step"]

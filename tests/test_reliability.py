@@ -20,7 +20,7 @@ from dgl_scalegnn.cli import main as cli_main
 from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE
 from dgl_scalegnn.train.checkpoint import latest_checkpoint
 from dgl_scalegnn.train.metrics import read_metrics
-from tests.helpers import ROOT
+from tests.helpers import ROOT, step_losses, train_through_cli
 from tests.ranks import spawn_ranks, start_ranks
 
 LONG_RUN = {
@@ -51,16 +51,13 @@ def _wait_for_checkpoint(directory, timeout: float = 120.0) -> None:
     raise AssertionError(f"no checkpoint appeared in {directory} within {timeout} s")
 
 
-def _resume_from(tmp_path, config: dict, grid: str, world: int) -> list[dict]:
+def _resume_from(tmp_path, config: dict, grid: str) -> list[dict]:
     checkpoint = latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert checkpoint is not None
     done = int(checkpoint.name.split("_")[1])
     config = {**config, "train": {**config["train"], "max_steps": done + 2}}
-    path = _write_config(tmp_path, config, "resume.yaml")
-    metrics = tmp_path / "resume.jsonl"
-    argv = ["train", "--config", str(path), "--grid", grid, "--metrics", str(metrics), "--resume"]
-    spawn_ranks(world, "dgl_scalegnn.cli:main", [argv], tmp_path / "resume")
-    steps = [e["step"] for e in read_metrics(metrics, "step")]
+    events = train_through_cli(tmp_path, "resume", grid, config, "--resume")
+    steps = [e["step"] for e in events if e["event"] == "step"]
     assert steps == [done, done + 1]
     return steps
 
@@ -82,7 +79,7 @@ def test_killed_rank_stops_every_rank_with_its_number(tmp_path):
             continue
         assert code == ABORT_EXIT_CODE, (rank, code, output[-2000:])
         assert "stopping the job" in output and "rank 2" in output, output[-2000:]
-    _resume_from(tmp_path, config, "1x1x2x2", 4)
+    _resume_from(tmp_path, config, "1x1x2x2")
 
 
 def _rank_processes(launcher: subprocess.Popen, variable: str) -> dict[int, psutil.Process]:
@@ -126,7 +123,7 @@ def test_killed_rank_under_a_real_launcher(tmp_path, script, variable):
     assert launcher.returncode != 0
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in survivors)
     assert "rank 2" in output or "local_rank: 2" in output, output[-3000:]
-    _resume_from(tmp_path, config, "1x1x2x2", 4)
+    _resume_from(tmp_path, config, "1x1x2x2")
 
 
 def test_rank_that_raises_stops_all_ranks_with_its_error(tmp_path):
@@ -245,20 +242,10 @@ def test_odd_graph_trains_the_same_on_one_and_four_ranks(tmp_path, batch_size):
         "sampling": {"batch_size": batch_size},
         "train": {"epochs": 3, "max_steps": 3, "progress": False},
     }
-    losses = {}
-    for grid, world in (("1x1x1x1", 1), ("1x2x1x2", 4)):
-        metrics = tmp_path / f"{grid}.jsonl"
-        argv = [
-            "train",
-            "--config",
-            str(_write_config(tmp_path, config)),
-            "--grid",
-            grid,
-            "--metrics",
-            str(metrics),
-        ]
-        spawn_ranks(world, "dgl_scalegnn.cli:main", [argv], tmp_path / grid)
-        losses[grid] = [e["loss"] for e in read_metrics(metrics, "step")]
+    losses = {
+        grid: step_losses(train_through_cli(tmp_path, grid, grid, config))
+        for grid in ("1x1x1x1", "1x2x1x2")
+    }
     assert len(losses["1x1x1x1"]) == 3 and np.isfinite(losses["1x1x1x1"]).all()
     assert losses["1x2x1x2"] == pytest.approx(losses["1x1x1x1"], rel=1e-4)
 
@@ -328,24 +315,12 @@ def test_same_seed_and_grid_give_bit_identical_losses(tmp_path):
         "train": {"epochs": 1, "max_steps": 6, "progress": False},
         "model": {"hidden": 16, "layers": 3, "dropout": 0.3},
     }
-    runs = []
-    for attempt in range(2):
-        metrics = tmp_path / f"run{attempt}.jsonl"
-        argv = [
-            "train",
-            "--config",
-            str(_write_config(tmp_path, config)),
-            "--grid",
-            "1x2x1x1",
-            "--metrics",
-            str(metrics),
-        ]
-        spawn_ranks(
-            2,
-            "dgl_scalegnn.cli:main",
-            [argv],
-            tmp_path / f"run{attempt}",
-            env={"OMP_NUM_THREADS": "2"},
+    runs = [
+        step_losses(
+            train_through_cli(
+                tmp_path, f"run{attempt}", "1x2x1x1", config, env={"OMP_NUM_THREADS": "2"}
+            )
         )
-        runs.append([e["loss"] for e in read_metrics(metrics, "step")])
+        for attempt in range(2)
+    ]
     assert runs[0] == runs[1]

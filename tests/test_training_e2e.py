@@ -8,10 +8,8 @@ import shutil
 import pytest
 
 import yaml
-from dgl_scalegnn.dist.grid import GridShape
 from dgl_scalegnn.train.checkpoint import latest_checkpoint
-from dgl_scalegnn.train.metrics import read_metrics
-from tests.helpers import ROOT, SHARED_DATA
+from tests.helpers import train_through_cli
 from tests.ranks import spawn_ranks
 
 CONFIG = {
@@ -21,31 +19,6 @@ CONFIG = {
     "train": {"epochs": 1, "eval_every": 1, "progress": False},
     "optim": {"lr": 0.01},
 }
-
-
-def _train(tmp_path, name: str, grid: str, config: dict | str, *extra: str):
-    """Run ``scalegnn train`` on the ranks of ``grid`` with a config (a dict, or a YAML
-    file of the project); returns its metrics events."""
-    if isinstance(config, dict):
-        config_path = tmp_path / f"{name}.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-    else:
-        config_path = ROOT / config
-    metrics = tmp_path / f"{name}.jsonl"
-    argv = [
-        "train",
-        "--config",
-        str(config_path),
-        "--grid",
-        grid,
-        "--metrics",
-        str(metrics),
-        *extra,
-    ]
-    env = {"SCALEGNN_DATA_ROOT": str(SHARED_DATA)}
-    world_size = GridShape.parse(grid).world_size
-    spawn_ranks(world_size, "dgl_scalegnn.cli:main", [argv], tmp_path / name, env=env)
-    return read_metrics(metrics)
 
 
 def _losses(events) -> dict[int, float]:
@@ -58,7 +31,7 @@ def _eval(events) -> dict:
 
 def test_grid_invariance_end_to_end(tmp_path):
     runs = {
-        grid: _train(tmp_path, grid, grid, CONFIG, "--set", "train.max_steps=5")
+        grid: train_through_cli(tmp_path, grid, grid, CONFIG, "--set", "train.max_steps=5")
         for grid in ("1x1x1x1", "1x2x2x2", "1x1x3x2")
     }
     reference = _losses(runs["1x1x1x1"])
@@ -79,7 +52,7 @@ def test_grid_invariance_end_to_end(tmp_path):
 def test_cora_on_eight_ranks_reaches_80_percent(tmp_path):
     """yaml/cora.yaml on a 1x2x2x2 grid reaches 80% test accuracy on the public split;
     the run stops there (the paper's time-to-target protocol)."""
-    events = _train(
+    events = train_through_cli(
         tmp_path,
         "cora",
         "1x2x2x2",
@@ -109,17 +82,19 @@ def _with_checkpoints(tmp_path, name: str) -> dict:
 
 def test_resume_continues_with_the_same_losses_on_any_grid(tmp_path):
     uninterrupted = _losses(
-        _train(tmp_path, "full", "1x2x2x1", _with_checkpoints(tmp_path, "full"))
+        train_through_cli(tmp_path, "full", "1x2x2x1", _with_checkpoints(tmp_path, "full"))
     )
     assert len(uninterrupted) == 15
     stopped = _with_checkpoints(tmp_path, "stopped")
-    first = _losses(_train(tmp_path, "first", "1x2x2x1", stopped, "--set", "train.max_steps=7"))
+    first = _losses(
+        train_through_cli(tmp_path, "first", "1x2x2x1", stopped, "--set", "train.max_steps=7")
+    )
     assert sorted(first) == list(range(7))
     checkpoint = latest_checkpoint(tmp_path / "stopped" / "checkpoints")
     assert checkpoint is not None and checkpoint.name == "step_00000007"
     saved = tmp_path / "saved" / checkpoint.name
     shutil.copytree(checkpoint, saved)  # the resumed run prunes old checkpoints
-    resumed = _losses(_train(tmp_path, "resumed", "1x2x2x1", stopped, "--resume"))
+    resumed = _losses(train_through_cli(tmp_path, "resumed", "1x2x2x1", stopped, "--resume"))
     assert sorted(resumed) == list(range(7, 15))
     for step, loss in resumed.items():
         assert loss == uninterrupted[step], step  # same grid: bit-identical
@@ -128,7 +103,7 @@ def test_resume_continues_with_the_same_losses_on_any_grid(tmp_path):
         target = tmp_path / f"other-{grid}" / "checkpoints"
         shutil.copytree(saved, target / saved.name)
         (target / "latest").write_text(saved.name)
-        moved = _losses(_train(tmp_path, f"moved-{grid}", grid, other, "--resume"))
+        moved = _losses(train_through_cli(tmp_path, f"moved-{grid}", grid, other, "--resume"))
         assert sorted(moved) == list(range(7, 15))
         for step, loss in moved.items():
             assert loss == pytest.approx(uninterrupted[step], rel=1e-4), (grid, step)
@@ -150,5 +125,5 @@ def test_checkpoint_killed_midway_leaves_the_previous_one_loadable(tmp_path):
     checkpoints = tmp_path / "crash" / "checkpoints"
     assert latest_checkpoint(checkpoints).name == "step_00000002"
     assert (checkpoints / "step_00000004.partial").exists()
-    resumed = _losses(_train(tmp_path, "after-crash", "1x1x1x1", config, "--resume"))
+    resumed = _losses(train_through_cli(tmp_path, "after-crash", "1x1x1x1", config, "--resume"))
     assert min(resumed) == 2 and max(resumed) == 14
