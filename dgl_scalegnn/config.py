@@ -121,10 +121,16 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Epochs of ``ceil(N / batch_size) / Gd`` steps with full-graph evaluation."""
+    """Epochs of ``ceil(N / batch_size) / Gd`` steps with full-graph evaluation.
+
+    Evaluation runs every ``eval_every`` epochs or, when ``eval_every_steps`` is set,
+    every that many steps instead (on large graphs an epoch is many seconds, and a time
+    to target rounded up to whole epochs says little); always after the last step.
+    """
 
     epochs: int = 20
     eval_every: int = 1
+    eval_every_steps: int | None = None
     target_metric: str = "val_acc"
     target_acc: float | None = None
     seed: int = 0
@@ -219,6 +225,8 @@ def _check_choices_and_ranges(cfg: Config) -> None:
         )
     if cfg.train.max_steps is not None:
         positive("train.max_steps", cfg.train.max_steps)
+    if cfg.train.eval_every_steps is not None:
+        positive("train.eval_every_steps", cfg.train.eval_every_steps)
     if cfg.data.name == "dgl" and not cfg.data.path and not cfg.data.prepared:
         raise ConfigError("data.path: name 'dgl' needs the file written by dgl.save_graphs")
     syn = cfg.data.synthetic

@@ -4,14 +4,16 @@ Each data-parallel group ``d`` draws its own sample at global step ``t`` from
 ``(sampling.seed, d, t)``; all ranks of the group share it, so each builds its shard
 of the batch alone. An epoch is ``ceil(ceil(N / B) / Gd)`` steps. After backward the
 gradients are averaged over the DP group and one Adam step follows. Every
-``eval_every`` epochs the whole normalised graph is evaluated by one distributed forward
-pass (no sampling); training stops at the target accuracy or after the last epoch.
+``eval_every`` epochs (or ``eval_every_steps`` steps) the whole normalised graph is
+evaluated by one distributed forward pass (no sampling); training stops at the target
+accuracy or after the last epoch. The summary records each rank's peak resident memory.
 Training time excludes evaluation, as the paper reports it.
 """
 
 from __future__ import annotations
 
 import math
+import resource
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -32,7 +34,7 @@ from dgl_scalegnn.sampling.uniform import sample_vertices, step_seed
 from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dgl_scalegnn.train.metrics import MetricsWriter
 
-__all__ = ["Trainer", "NonFiniteError", "steps_per_epoch"]
+__all__ = ["Trainer", "NonFiniteError", "steps_per_epoch", "peak_rss_mb"]
 
 
 class NonFiniteError(FloatingPointError):
@@ -42,6 +44,11 @@ class NonFiniteError(FloatingPointError):
 def steps_per_epoch(num_nodes: int, batch_size: int, dp_size: int) -> int:
     """``ceil(ceil(N / B) / Gd)``: each DP group covers its share of the vertices."""
     return max(1, math.ceil(math.ceil(num_nodes / batch_size) / dp_size))
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB (``ru_maxrss`` is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 @dataclass
@@ -55,6 +62,7 @@ class _Progress:
     best_val: float = -1.0
     test_at_best_val: float = 0.0
     time_to_target: float | None = None
+    evaluated_step: int = -1
 
 
 class Trainer:
@@ -237,6 +245,8 @@ class Trainer:
                 reached = self._run_epoch(bar)
                 if self._max_steps_done():
                     break
+            if cfg.train.eval_every_steps and progress.evaluated_step != progress.global_step:
+                self._evaluate_and_record()  # the last step is always evaluated
         finally:
             if bar is not None:
                 bar.close()
@@ -252,17 +262,31 @@ class Trainer:
             "epochs": progress.epoch,
             "steps": progress.global_step,
             "train_s": progress.train_seconds,
+            "max_rss_mb": self._peak_memory_per_rank(),
         }
         self.metrics.write("summary", **summary)
         return summary
+
+    def _peak_memory_per_rank(self) -> list[float]:
+        """Peak resident memory of every rank so far, in MB (one gather over the world)."""
+        peak = torch.tensor([peak_rss_mb()], dtype=torch.float64)
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return peak.tolist()
+        # NCCL gathers device tensors; gloo host tensors: the model's device suits both.
+        peak = peak.to(self.device)
+        gathered = [torch.empty_like(peak) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, peak)
+        return [float(rank_peak) for rank_peak in torch.cat(gathered).cpu()]
 
     def _max_steps_done(self) -> bool:
         limit = self.cfg.train.max_steps
         return limit is not None and self.progress.global_step >= limit
 
     def _run_epoch(self, bar: Any) -> bool:
+        """Train the rest of the current epoch; returns whether the target was reached."""
         cfg, progress = self.cfg, self.progress
         profiler = self.runtime.profiler
+        every_steps = cfg.train.eval_every_steps
         while progress.step_in_epoch < self.steps_per_epoch and not self._max_steps_done():
             profiler.reset()
             start = time.perf_counter()
@@ -290,12 +314,16 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(epoch=progress.epoch, loss=f"{loss:.4f}")
+            due = every_steps and progress.global_step % every_steps == 0
+            if due and self._evaluate_and_record():
+                return True
         if progress.step_in_epoch < self.steps_per_epoch:
             return False  # stopped by max_steps mid-epoch
         progress.epoch += 1
         progress.step_in_epoch = 0
-        last = progress.epoch == cfg.train.epochs
-        if progress.epoch % cfg.train.eval_every == 0 or last:
+        if every_steps:
+            return False
+        if progress.epoch % cfg.train.eval_every == 0 or progress.epoch == cfg.train.epochs:
             return self._evaluate_and_record()
         return False
 
@@ -310,9 +338,11 @@ class Trainer:
         reached = target is not None and accuracy[cfg.train.target_metric] >= target
         if reached and progress.time_to_target is None:
             progress.time_to_target = progress.train_seconds
+        progress.evaluated_step = progress.global_step
         self.metrics.write(
             "eval",
-            epoch=progress.epoch,
+            epoch=progress.global_step // self.steps_per_epoch,  # epochs completed
+            step=progress.global_step,
             **accuracy,
             eval_s=eval_seconds,
             elapsed_train_s=progress.train_seconds,
