@@ -422,8 +422,8 @@ def _prepare_into(
         start = _write_group(group, layout, spill, inv_sqrt, files, start)
     del inv_sqrt
     _write_features(source, permutation, inverse, layout.vertices, budget, files["features"])
+    shutil.rmtree(spill)  # before rank 0 may move the staging directory
     coordinator.gather("written", "")
-    shutil.rmtree(spill)
     return GraphMeta(
         name=source.name,
         num_nodes=n,
