@@ -237,8 +237,9 @@ def _merge_group(
 ) -> tuple[np.ndarray, int]:
     """Step 2 for row tiles ``group``: merge, count, and spill the merged keys.
 
-    Fills ``degrees`` (global ids) of the group's rows; returns the entry count per
-    tile ``(row tile, col tile)`` of the group, flattened, and the group's entry count.
+    Fills the group's rows of ``degrees`` (which holds this rank's rows); returns the
+    entry count per tile ``(row tile, col tile)`` of the group, flattened, and the
+    group's entry count.
     """
     n, tiles = layout.num_nodes, layout.tile_count
     a, b = group
@@ -260,7 +261,8 @@ def _merge_group(
     keys = keys[distinct]
     del distinct
     rows = keys // n
-    degrees[r0:r1] = np.bincount(rows - r0, minlength=r1 - r0)
+    first = int(layout.bounds[layout.tiles[0]])
+    degrees[r0 - first : r1 - first] = np.bincount(rows - r0, minlength=r1 - r0)
     tile = (layout.tile_of_vertex[rows] - a).astype(np.int64) * tiles
     del rows
     tile += layout.tile_of_vertex[keys % n]
@@ -393,14 +395,14 @@ def _prepare_into(
     layout = _Layout.of(n, tile_count, coordinator)
     spilled = _spill_edges(source, permutation, layout, budget, spill)
     groups = _groups(spilled, layout, budget)
-    degrees = np.zeros(n, dtype=np.int64)
+    v0, v1 = layout.vertices
+    degrees = np.zeros(v1 - v0, dtype=np.int64)
     counts, entries = [], 0
     for group in groups:
         group_counts, group_entries = _merge_group(group, layout, spill, degrees)
         counts.append(group_counts)
         entries += group_entries
-    v0, v1 = layout.vertices
-    np.save(spill / "degrees.npy", degrees[v0:v1])
+    np.save(spill / "degrees.npy", degrees)
     np.save(spill / "counts.npy", np.concatenate(counts or [np.zeros(0, np.int64)]))
     del degrees, counts
     per_rank = [int(x) for x in coordinator.gather("entries", str(entries))]
