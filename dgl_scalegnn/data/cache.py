@@ -2,8 +2,9 @@
 builds the whole graph on every rank.
 
 A cached graph lives in ``<cache>/prepared/<name>-<key>/`` (``<cache>`` is
-``$SCALEGNN_CACHE_DIR`` or ``~/.cache/dgl_scalegnn``), where ``<key>`` hashes every
-setting that changes the prepared bytes (:func:`cache_settings`). Next to
+:func:`~dgl_scalegnn.data.datasets.default_cache_dir`), where ``<key>`` hashes every
+setting that changes the prepared bytes (:func:`cache_settings`, which includes the
+package version). Next to
 ``meta.json`` it holds ``cache.json``: those settings and the size and modification
 time of each source file (:func:`~dgl_scalegnn.data.datasets.source_files`).
 
@@ -33,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
+import dgl_scalegnn
 from dgl_scalegnn.config import DataConfig
 from dgl_scalegnn.data.datasets import default_cache_dir, load_source, source_files
 from dgl_scalegnn.data.graph import DatasetError
@@ -58,12 +60,14 @@ def cache_settings(cfg: DataConfig) -> dict:
 
     Examples
     --------
-    >>> from dgl_scalegnn.config import DataConfig
+    >>> import dgl_scalegnn
+from dgl_scalegnn.config import DataConfig
     >>> settings = cache_settings(DataConfig(name="synthetic", permutation_seed=3))
     >>> settings["permutation_seed"], settings["synthetic"]["num_nodes"]
     (3, 20000)
     """
     settings: dict = {
+        "dgl_scalegnn": dgl_scalegnn.__version__,  # a new version may prepare differently
         "format_version": FORMAT_VERSION,
         "name": cfg.name,
         "permutation_seed": cfg.permutation_seed,

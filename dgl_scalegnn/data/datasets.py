@@ -3,7 +3,7 @@
 No loader ever downloads: the files a class would fetch are checked first, and a missing
 one raises :class:`~dgl_scalegnn.data.graph.DatasetError` naming its path. ``<root>`` is
 ``data.root`` or ``$SCALEGNN_DATA_ROOT``; ``<cache>`` is ``$SCALEGNN_CACHE_DIR`` or
-``~/.cache/dgl_scalegnn``.
+``dgl_scalegnn`` in the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``).
 
 On-disk layouts
 ---------------
@@ -305,15 +305,19 @@ def source_files(cfg: DataConfig) -> list[Path]:
 
 
 def default_cache_dir() -> Path:
-    """Where staged raw files and DGL's processed caches go.
+    """Where staged raw files, DGL's processed caches and prepared graphs go.
 
     Returns
     -------
     Path
-        ``$SCALEGNN_CACHE_DIR`` or ``~/.cache/dgl_scalegnn``.
+        ``$SCALEGNN_CACHE_DIR``, or ``dgl_scalegnn`` in the user's cache directory
+        (``$XDG_CACHE_HOME``, by default ``~/.cache``).
     """
     configured = os.environ.get("SCALEGNN_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "dgl_scalegnn"
+    if configured:
+        return Path(configured)
+    user_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(user_cache) / "dgl_scalegnn"
 
 
 def _data_root(cfg: DataConfig) -> Path:
