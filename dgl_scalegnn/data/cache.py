@@ -60,8 +60,7 @@ def cache_settings(cfg: DataConfig) -> dict:
 
     Examples
     --------
-    >>> import dgl_scalegnn
-from dgl_scalegnn.config import DataConfig
+    >>> from dgl_scalegnn.config import DataConfig
     >>> settings = cache_settings(DataConfig(name="synthetic", permutation_seed=3))
     >>> settings["permutation_seed"], settings["synthetic"]["num_nodes"]
     (3, 20000)
