@@ -2,7 +2,8 @@
 
 ``scalegnn train --config FILE [--grid GdxGxxGyxGz] [--set key=value ...] [--metrics FILE]``
 trains (on one process, or on every process of an ``mpirun``/``srun``/``torchrun``
-launch). ``scalegnn prepare`` writes a prepared dataset directory, and
+launch). ``scalegnn prepare`` writes a prepared dataset directory within a memory
+budget (split over the ranks when launched by ``mpirun -np P``), and
 ``scalegnn prepare --verify DIR`` checks one.
 """
 
@@ -11,9 +12,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from dgl_scalegnn.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from dgl_scalegnn.data.prepared import GraphMeta
+    from dgl_scalegnn.data.streaming import Coordinator
+
+T = TypeVar("T")
 
 __all__ = ["main"]
 
@@ -60,8 +69,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from dgl_scalegnn.data.datasets import load_dataset
-    from dgl_scalegnn.data.prepared import prepare_to_directory, verify_prepared
+    from dgl_scalegnn.data.datasets import load_source
+    from dgl_scalegnn.data.prepared import verify_prepared
+    from dgl_scalegnn.data.streaming import MemoryBudget, prepare_streaming
 
     if args.verify:
         meta = verify_prepared(args.verify)
@@ -78,12 +88,54 @@ def _prepare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     if not args.out:
         raise ConfigError("prepare: --out DIR is required (or --verify DIR)")
-    meta, target = prepare_to_directory(load_dataset(cfg.data), args.out, cfg.data.permutation_seed)
-    print(f"prepared {meta.name}: {meta.num_nodes} vertices, {meta.nnz} entries -> {target}")
+    try:
+        budget = MemoryBudget.gigabytes(args.memory_gb)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+    def prepare(coordinator: Coordinator) -> tuple[GraphMeta, Path]:
+        source = load_source(cfg.data)
+        return prepare_streaming(
+            source, args.out, cfg.data.permutation_seed, budget=budget, coordinator=coordinator
+        )
+
+    meta, target = _on_every_rank(prepare, cfg.parallel.timeout_s)
+    if _launch_rank() == 0:
+        print(f"prepared {meta.name}: {meta.num_nodes} vertices, {meta.nnz} entries -> {target}")
     return 0
 
 
+def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
+    """``work(coordinator)`` on this process, or on every rank of an ``mpirun``/``srun``/
+    ``torchrun`` launch with a watchdog: a rank that fails stops all with its message."""
+    from dgl_scalegnn.data.streaming import SingleProcess, StoreCoordinator
+    from dgl_scalegnn.dist.bootstrap import detect_launch, init_distributed
+    from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE, Watchdog
+
+    info = detect_launch()
+    if info.world_size == 1:
+        return work(SingleProcess())
+    import torch.distributed as dist
+
+    store, hosts_store = init_distributed(info, "gloo", timeout_s)
+    watchdog = Watchdog(store, info.rank, info.world_size, hosts_store=hosts_store).start()
+    try:
+        result = work(StoreCoordinator(store, info.rank, info.world_size))
+    except BaseException as error:
+        record = watchdog.report_failure(f"{type(error).__name__}: {error}")
+        if not record.startswith(f"rank {info.rank} "):
+            print(f"[rank {info.rank}] stopping the job: {record}", file=sys.stderr, flush=True)
+            os._exit(ABORT_EXIT_CODE)
+        raise
+    dist.barrier()  # the store's host (rank 0) outlives every reader
+    watchdog.close()
+    dist.destroy_process_group()
+    return result
+
+
 def _parser() -> argparse.ArgumentParser:
+    from dgl_scalegnn.data.streaming import DEFAULT_MEMORY_GB
+
     parser = argparse.ArgumentParser(prog="scalegnn", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -106,6 +158,13 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--out", help="directory to write")
     prepare.add_argument("--verify", metavar="DIR", help="check a prepared directory and exit")
     prepare.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
+    prepare.add_argument(
+        "--memory-gb",
+        type=float,
+        default=DEFAULT_MEMORY_GB,
+        help=f"working memory per process in GiB (default {DEFAULT_MEMORY_GB:g}); the "
+        "peak adds ~50 bytes per vertex and what the dataset loader holds",
+    )
     prepare.set_defaults(handler=_prepare)
     return parser
 

@@ -4,6 +4,7 @@ written here in the exact on-disk formats that DGL's and OGB's readers parse."""
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 from collections import defaultdict
 from pathlib import Path
@@ -15,8 +16,10 @@ import torch
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import DataConfig, SyntheticConfig
-from dgl_scalegnn.data.datasets import dataset_from_graph, load_dataset
+from dgl_scalegnn.data.cache import cache_directory, cache_problem, prepare_cached
+from dgl_scalegnn.data.datasets import dataset_from_graph, load_dataset, source_files
 from dgl_scalegnn.data.graph import DatasetError
+from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory
 from tests.helpers import SHARED_DATA
 
 SHARED_PLANETOID = SHARED_DATA / "planetoid"
@@ -249,6 +252,24 @@ def test_ogbn_arxiv_from_ogb_layout(tmp_path):
         _check_ogb(dataset, num_classes=40, num_edges=OGB_NODES)
         assert torch.equal(dataset.graph.ndata["label"], torch.arange(OGB_NODES) % 5)
     assert (directory / "processed" / "dgl_data_processed").is_file()
+
+
+def test_ogb_cache_is_the_in_memory_graph_and_goes_stale_with_its_split(tmp_path):
+    directory = write_ogb_csv(tmp_path, "ogbn_arxiv", "time", ["node_year.csv.gz"])
+    cfg = DataConfig(name="ogbn-arxiv", root=str(tmp_path), permutation_seed=2)
+    split = directory / "split" / "time"
+    assert source_files(cfg) == [
+        directory / "RELEASE_v1.txt",
+        *(split / f"{part}.csv.gz" for part in ("test", "train", "valid")),
+    ]
+    cached = open_prepared(prepare_cached(cfg))
+    reference = prepare_in_memory(load_dataset(cfg), permutation_seed=2)
+    assert cached.meta == reference.meta
+    for name, array in reference.arrays().items():
+        assert np.array_equal(cached.arrays()[name], array), name
+    assert cache_problem(cache_directory(cfg), cfg) is None
+    os.utime(split / "valid.csv.gz", ns=(0, 0))  # a new download of the split
+    assert cache_problem(cache_directory(cfg), cfg).startswith("stale")
 
 
 def test_ogbn_products_with_numpy_split_dict(tmp_path):

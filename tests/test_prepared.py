@@ -16,11 +16,11 @@ from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import (
     open_prepared,
     prepare_in_memory,
-    prepare_to_directory,
     verify_prepared,
     write_prepared,
 )
-from dgl_scalegnn.data.synthetic import generate
+from dgl_scalegnn.data.streaming import prepare_streaming
+from dgl_scalegnn.data.synthetic import generate, synthetic_source
 from dgl_scalegnn.dist.grid import Grid4D, GridShape
 from dgl_scalegnn.model.scalegnn import adjacency_planes, logits_layout
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, block_range
@@ -49,8 +49,8 @@ def test_cli_prepare_then_verify_cora(tmp_path, monkeypatch, capsys):
 
 def test_memory_mapped_graph_equals_the_in_memory_one(synthetic_dir, tmp_path):
     graph, directory = synthetic_dir
-    _, streamed = prepare_to_directory(
-        generate(SyntheticConfig(num_nodes=6000)), tmp_path / "streamed", permutation_seed=2
+    _, streamed = prepare_streaming(
+        synthetic_source(SyntheticConfig(num_nodes=6000)), tmp_path / "streamed", permutation_seed=2
     )
     for opened in (open_prepared(directory), open_prepared(streamed)):
         for name, array in graph.arrays().items():

@@ -3,7 +3,7 @@
 No loader ever downloads: the files a class would fetch are checked first, and a missing
 one raises :class:`~dgl_scalegnn.data.graph.DatasetError` naming its path. ``<root>`` is
 ``data.root`` or ``$SCALEGNN_DATA_ROOT``; ``<cache>`` is ``$SCALEGNN_CACHE_DIR`` or
-``~/.cache/dgl_scalegnn``.
+``dgl_scalegnn`` in the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``).
 
 On-disk layouts
 ---------------
@@ -54,8 +54,17 @@ import torch
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import DataConfig
 from dgl_scalegnn.data.graph import REQUIRED_NDATA, DatasetError, NodeDataset
+from dgl_scalegnn.data.source import GraphSource, source_from_dataset
 
-__all__ = ["OGB_LAYOUTS", "OgbLayout", "dataset_from_graph", "default_cache_dir", "load_dataset"]
+__all__ = [
+    "OGB_LAYOUTS",
+    "OgbLayout",
+    "dataset_from_graph",
+    "default_cache_dir",
+    "load_dataset",
+    "load_source",
+    "source_files",
+]
 
 _MASK_KEYS = ("train_mask", "val_mask", "test_mask")
 _PLANETOID_PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
@@ -256,16 +265,59 @@ def load_dataset(cfg: DataConfig) -> NodeDataset:
     return loader(cfg)
 
 
+def load_source(cfg: DataConfig) -> GraphSource:
+    """The dataset ``cfg.name`` as a :class:`~dgl_scalegnn.data.source.GraphSource`.
+
+    The synthetic generator's source holds only its edge keys and draws the features
+    when they are read; every other loader builds its graph in memory first (see the
+    module docstring), and the source reads from it.
+    """
+    if cfg.name == "synthetic":
+        from dgl_scalegnn.data.synthetic import synthetic_source
+
+        return synthetic_source(cfg.synthetic)
+    return source_from_dataset(load_dataset(cfg))
+
+
+def source_files(cfg: DataConfig) -> list[Path]:
+    """The files whose change makes a graph prepared from ``cfg`` stale.
+
+    Planetoid and Reddit: their raw files; ``dgl``: ``data.path``; OGB: the release
+    marker and the split files (what a new download replaces); synthetic: none (the
+    config is the whole input).
+    """
+    if cfg.name == "synthetic":
+        return []
+    if cfg.name == "dgl":
+        return [Path(cfg.path).expanduser()] if cfg.path else []
+    root = _data_root(cfg)
+    if cfg.name in ("cora", "citeseer", "pubmed"):
+        return [root / "planetoid" / f"ind.{cfg.name}.{part}" for part in _PLANETOID_PARTS]
+    if cfg.name == "reddit":
+        return [root / "reddit" / file for file in _REDDIT_FILES]
+    if cfg.name in OGB_LAYOUTS:
+        layout = OGB_LAYOUTS[cfg.name]
+        dataset_dir = _ogb_dataset_dir(root, cfg.name)
+        split_dir = dataset_dir / "split" / layout.split
+        splits = sorted(split_dir.iterdir()) if split_dir.is_dir() else []
+        return [dataset_dir / layout.release_marker, *splits]
+    return []
+
+
 def default_cache_dir() -> Path:
-    """Where staged raw files and DGL's processed caches go.
+    """Where staged raw files, DGL's processed caches and prepared graphs go.
 
     Returns
     -------
     Path
-        ``$SCALEGNN_CACHE_DIR`` or ``~/.cache/dgl_scalegnn``.
+        ``$SCALEGNN_CACHE_DIR``, or ``dgl_scalegnn`` in the user's cache directory
+        (``$XDG_CACHE_HOME``, by default ``~/.cache``).
     """
     configured = os.environ.get("SCALEGNN_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "dgl_scalegnn"
+    if configured:
+        return Path(configured)
+    user_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(user_cache) / "dgl_scalegnn"
 
 
 def _data_root(cfg: DataConfig) -> Path:

@@ -40,8 +40,10 @@ __all__ = [
     "GraphMeta",
     "PreparedGraph",
     "prepare_in_memory",
-    "prepare_to_directory",
     "write_prepared",
+    "array_entry",
+    "new_staging_directory",
+    "install_directory",
     "open_prepared",
     "verify_prepared",
 ]
@@ -58,7 +60,6 @@ VERTEX_ARRAYS = (
     "permutation",
 )
 ARRAY_NAMES = ADJACENCY_ARRAYS + VERTEX_ARRAYS
-_CHUNK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -107,29 +108,21 @@ class PreparedGraph:
         return {**adjacency, **{name: getattr(self, name) for name in VERTEX_ARRAYS}}
 
 
-@dataclass(frozen=True)
-class _Reordered:
-    """Rows of ``source`` in the order ``order``, gathered chunk by chunk when written."""
+def prepare_in_memory(
+    dataset: NodeDataset, permutation_seed: int = 0, tile_count: int | None = None
+) -> PreparedGraph:
+    """Relabel and normalise ``dataset`` in memory (about 120 bytes per stored entry at
+    the peak; :func:`~dgl_scalegnn.data.streaming.prepare_streaming` writes the same
+    bytes to disk within a memory budget).
 
-    source: np.ndarray
-    order: np.ndarray
-    dtype: np.dtype
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (self.order.shape[0], *self.source.shape[1:])
-
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        return np.ascontiguousarray(self.source[self.order[start:stop]], dtype=self.dtype)
-
-    def materialise(self) -> np.ndarray:
-        return self.rows(0, self.shape[0])
-
-
-def _stage(
-    dataset: NodeDataset, permutation_seed: int, tile_count: int | None
-) -> tuple[GraphMeta, dict[str, np.ndarray | _Reordered]]:
-    """The adjacency, computed now, and the vertex arrays, reordered lazily."""
+    Examples
+    --------
+    >>> from dgl_scalegnn.config import SyntheticConfig
+    >>> from dgl_scalegnn.data.synthetic import generate
+    >>> graph = prepare_in_memory(generate(SyntheticConfig(num_nodes=500)), permutation_seed=1)
+    >>> graph.meta.num_nodes, graph.adjacency.offsets.shape
+    (500, (65537,))
+    """
     graph = dataset.graph
     num_nodes = graph.num_nodes()
     permutation = np.random.default_rng(permutation_seed).permutation(num_nodes).astype(np.int64)
@@ -140,16 +133,7 @@ def _stage(
         gcn_normalize(permutation[src], permutation[dst], num_nodes), tile_count
     )
     ndata = graph.ndata
-    label_dtype = np.dtype(np.float32 if dataset.multilabel else np.int64)
-    vertex = {
-        "features": _Reordered(ndata["feat"].numpy(), inverse, np.dtype(np.float32)),
-        "labels": _Reordered(ndata["label"].numpy(), inverse, label_dtype),
-        **{
-            mask: _Reordered(ndata[mask].numpy(), inverse, np.dtype(np.bool_))
-            for mask in ("train_mask", "val_mask", "test_mask")
-        },
-        "permutation": permutation,
-    }
+    label_dtype = np.float32 if dataset.multilabel else np.int64
     meta = GraphMeta(
         name=dataset.name,
         num_nodes=num_nodes,
@@ -161,40 +145,17 @@ def _stage(
         tile_count=adjacency.tile_count,
         split_sizes={s: int(ndata[f"{s}_mask"].sum()) for s in ("train", "val", "test")},
     )
-    arrays = {name: getattr(adjacency, name) for name in ADJACENCY_ARRAYS}
-    return meta, {**arrays, **vertex}
-
-
-def _assemble(meta: GraphMeta, arrays: dict[str, np.ndarray]) -> PreparedGraph:
-    adjacency = TiledAdjacency(
-        num_nodes=meta.num_nodes,
-        tile_count=meta.tile_count,
-        **{name: arrays[name] for name in ADJACENCY_ARRAYS},
-    )
     return PreparedGraph(
-        meta=meta, adjacency=adjacency, **{name: arrays[name] for name in VERTEX_ARRAYS}
+        meta=meta,
+        adjacency=adjacency,
+        features=np.ascontiguousarray(ndata["feat"].numpy()[inverse], dtype=np.float32),
+        labels=np.ascontiguousarray(ndata["label"].numpy()[inverse], dtype=label_dtype),
+        **{
+            mask: np.ascontiguousarray(ndata[mask].numpy()[inverse], dtype=np.bool_)
+            for mask in ("train_mask", "val_mask", "test_mask")
+        },
+        permutation=permutation,
     )
-
-
-def prepare_in_memory(
-    dataset: NodeDataset, permutation_seed: int = 0, tile_count: int | None = None
-) -> PreparedGraph:
-    """Relabel and normalise ``dataset`` in memory.
-
-    Examples
-    --------
-    >>> from dgl_scalegnn.config import SyntheticConfig
-    >>> from dgl_scalegnn.data.synthetic import generate
-    >>> graph = prepare_in_memory(generate(SyntheticConfig(num_nodes=500)), permutation_seed=1)
-    >>> graph.meta.num_nodes, graph.adjacency.offsets.shape
-    (500, (65537,))
-    """
-    meta, staged = _stage(dataset, permutation_seed, tile_count)
-    arrays = {
-        name: value.materialise() if isinstance(value, _Reordered) else value
-        for name, value in staged.items()
-    }
-    return _assemble(meta, arrays)
 
 
 def _chunk_bytes(size: int) -> int:
@@ -216,55 +177,43 @@ def _digests(path: Path) -> dict:
     return {"bytes": size, "sha256": digest.hexdigest(), "chunk_bytes": chunk, "crc32": crcs}
 
 
-def _write_array(path: Path, value: np.ndarray | _Reordered) -> dict:
-    if isinstance(value, _Reordered):
-        out = np.lib.format.open_memmap(path, mode="w+", dtype=value.dtype, shape=value.shape)
-        row_bytes = max(1, int(np.prod(value.shape[1:], dtype=np.int64)) * value.dtype.itemsize)
-        step = max(1, _CHUNK_BYTES // row_bytes)
-        for start in range(0, value.shape[0], step):
-            out[start : start + step] = value.rows(start, start + step)
-        out.flush()
-        del out
-        dtype, shape = value.dtype, value.shape
-    else:
-        np.save(path, value)
-        dtype, shape = value.dtype, value.shape
-    return {"file": path.name, "dtype": str(dtype), "shape": list(shape), **_digests(path)}
+def array_entry(path: Path) -> dict:
+    """The ``meta.json`` entry of a written ``.npy`` file: dtype, shape, size, checksums."""
+    array = np.load(path, mmap_mode="r")
+    dtype, shape = str(array.dtype), list(array.shape)
+    del array
+    return {"file": path.name, "dtype": dtype, "shape": shape, **_digests(path)}
 
 
-def _write(meta: GraphMeta, arrays: dict, directory: str | os.PathLike[str]) -> Path:
-    """Write arrays and meta.json into a temporary sibling, then rename it into place."""
-    target = Path(directory)
+def new_staging_directory(target: Path) -> Path:
+    """A fresh hidden sibling of ``target`` to write into before :func:`install_directory`."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        files = {name: _write_array(staging / f"{name}.npy", arrays[name]) for name in ARRAY_NAMES}
-        record = {**asdict(meta), "files": files}
-        (staging / "meta.json").write_text(json.dumps(record, indent=2) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+
+
+def install_directory(staging: Path, target: Path, record: dict) -> Path:
+    """Write ``meta.json`` (``record``) into ``staging`` and rename it to ``target``,
+    replacing an older ``target``: readers see the old directory or the new, whole."""
+    (staging / "meta.json").write_text(json.dumps(record, indent=2) + "\n")
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
     return target
-
-
-def prepare_to_directory(
-    dataset: NodeDataset,
-    directory: str | os.PathLike[str],
-    permutation_seed: int = 0,
-    tile_count: int | None = None,
-) -> tuple[GraphMeta, Path]:
-    """Prepare ``dataset`` straight to disk: vertex arrays are reordered in chunks, so
-    peak memory is the dataset plus the adjacency being normalised."""
-    meta, staged = _stage(dataset, permutation_seed, tile_count)
-    return meta, _write(meta, staged, directory)
 
 
 def write_prepared(graph: PreparedGraph, directory: str | os.PathLike[str]) -> Path:
     """Write an in-memory prepared graph to ``directory`` (atomically)."""
-    return _write(graph.meta, graph.arrays(), directory)
+    target = Path(directory)
+    staging = new_staging_directory(target)
+    try:
+        files = {}
+        for name, array in graph.arrays().items():
+            np.save(staging / f"{name}.npy", array)
+            files[name] = array_entry(staging / f"{name}.npy")
+        return install_directory(staging, target, {**asdict(graph.meta), "files": files})
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _read_meta(directory: Path) -> dict:

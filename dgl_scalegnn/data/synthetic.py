@@ -81,6 +81,8 @@ Example
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -88,8 +90,9 @@ import torch
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ConfigError, SyntheticConfig
 from dgl_scalegnn.data.graph import NodeDataset
+from dgl_scalegnn.data.source import MASK_NAMES, GraphSource
 
-__all__ = ["generate", "FEATURELESS_DIM", "FEATURELESS_CLASSES"]
+__all__ = ["generate", "synthetic_source", "FEATURELESS_DIM", "FEATURELESS_CLASSES"]
 
 #: Feature width of ``featureless: true`` graphs.
 FEATURELESS_DIM = 128
@@ -120,6 +123,72 @@ def generate(cfg: SyntheticConfig) -> NodeDataset:
     ConfigError
         If a parameter is outside the range the generator can use.
     """
+    drawn = _draw(cfg)
+    n = cfg.num_nodes
+    src, dst = _symmetric_edges(drawn.keys, n)
+    graph = dgl.graph((src, dst), num_nodes=n)
+    del src, dst
+    feat = torch.empty((n, drawn.num_features), dtype=torch.float32)
+    out, begin = feat.numpy(), 0
+    for block in drawn.feature_blocks():
+        out[begin : begin + block.shape[0]] = block
+        begin += block.shape[0]
+    graph.ndata["feat"] = feat
+    graph.ndata["label"] = torch.from_numpy(drawn.labels)
+    for key, mask in drawn.masks.items():
+        graph.ndata[key] = torch.from_numpy(mask)
+    return NodeDataset(name=drawn.name, graph=graph, num_classes=drawn.num_classes)
+
+
+def synthetic_source(cfg: SyntheticConfig) -> GraphSource:
+    """The graph of :func:`generate` in pieces: edges as the sorted undirected keys (one
+    direction each; normalisation adds the other), features drawn anew, chunk by
+    chunk, each time they are read. Peak memory is the edge keys (8 bytes per
+    undirected edge), not the features.
+
+    Examples
+    --------
+    >>> source = synthetic_source(SyntheticConfig(num_nodes=1000, num_features=16))
+    >>> data = generate(SyntheticConfig(num_nodes=1000, num_features=16))
+    >>> bool((next(source.feature_blocks()) == data.graph.ndata["feat"].numpy()).all())
+    True
+    """
+    drawn = _draw(cfg)
+    keys, n = drawn.keys, cfg.num_nodes
+
+    def edge_chunks(max_edges: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for start in range(0, keys.shape[0], max_edges):
+            part = keys[start : start + max_edges]
+            low = part // n
+            yield low, part - low * n
+
+    return GraphSource(
+        name=drawn.name,
+        num_nodes=n,
+        num_features=drawn.num_features,
+        num_classes=drawn.num_classes,
+        multilabel=False,
+        labels=drawn.labels,
+        masks=drawn.masks,
+        edge_chunks=edge_chunks,
+        feature_blocks=drawn.feature_blocks,
+    )
+
+
+@dataclass(frozen=True)
+class _Drawn:
+    """Everything :func:`generate` returns, with the features still to be drawn."""
+
+    name: str
+    num_classes: int
+    num_features: int
+    keys: np.ndarray
+    labels: np.ndarray
+    masks: dict[str, np.ndarray]
+    feature_blocks: Callable[[], Iterator[np.ndarray]]
+
+
+def _draw(cfg: SyntheticConfig) -> _Drawn:
     _check(cfg)
     rng = _streams(cfg.seed)
     n = cfg.num_nodes
@@ -127,25 +196,31 @@ def generate(cfg: SyntheticConfig) -> NodeDataset:
     communities = rng["labels"].integers(0, cfg.num_classes, size=n, dtype=np.int64)
     keys = _simple_edge_keys(rng["edges"], weights, communities, cfg.num_classes, cfg.homophily)
     del weights
-    src, dst = _symmetric_edges(keys, n)
-    del keys
     if cfg.featureless:
         name, num_classes = "synthetic-featureless", FEATURELESS_CLASSES
-        degree = np.bincount(src.numpy(), minlength=n)
-        labels = _degree_quantile_labels(rng["ties"], degree, num_classes)
-        feat = _gaussian_features(rng["features"], n, FEATURELESS_DIM)
+        dim, noise = FEATURELESS_DIM, 1.0
+        labels = _degree_quantile_labels(rng["ties"], _key_degrees(keys, n), num_classes)
+        centroid_labels = None
     else:
-        name, num_classes = "synthetic", cfg.num_classes
-        labels = communities
-        feat = _gaussian_features(rng["features"], n, cfg.num_features, cfg.feature_noise, labels)
-    graph = dgl.graph((src, dst), num_nodes=n)
-    del src, dst
-    graph.ndata["feat"] = feat
-    graph.ndata["label"] = torch.from_numpy(labels)
+        name, num_classes, dim = "synthetic", cfg.num_classes, cfg.num_features
+        labels = centroid_labels = communities
+        noise = cfg.feature_noise
     masks = _split_masks(rng["splits"], n, cfg.train_fraction, cfg.val_fraction)
-    for key, mask in zip(("train_mask", "val_mask", "test_mask"), masks, strict=True):
-        graph.ndata[key] = mask
-    return NodeDataset(name=name, graph=graph, num_classes=num_classes)
+
+    def feature_blocks() -> Iterator[np.ndarray]:
+        # The features' own stream, from its start: every read draws the same rows.
+        stream = _streams(cfg.seed)["features"]
+        return _gaussian_features(stream, n, dim, noise, centroid_labels)
+
+    return _Drawn(
+        name=name,
+        num_classes=num_classes,
+        num_features=dim,
+        keys=keys,
+        labels=labels,
+        masks={key: mask.numpy() for key, mask in zip(MASK_NAMES, masks, strict=True)},
+        feature_blocks=feature_blocks,
+    )
 
 
 def _check(cfg: SyntheticConfig) -> None:
@@ -275,24 +350,34 @@ def _gaussian_features(
     dim: int,
     noise: float = 1.0,
     labels: np.ndarray | None = None,
-) -> torch.Tensor:
-    """``(n, dim)`` float32 ``noise * N(0, I)``, plus a ``N(0, I)`` centroid per class.
+) -> Iterator[np.ndarray]:
+    """Float32 rows of ``noise * N(0, I)`` plus a ``N(0, I)`` centroid per class, in
+    chunks of :data:`_FEATURE_CHUNK_ROWS` consecutive vertices.
 
-    Without ``labels`` the rows are pure noise. Rows are drawn in chunks so that the
-    only full-size array is the result.
+    Without ``labels`` the rows are pure noise. The centroids are drawn first, then
+    the rows in order, so the chunking never changes the values.
     """
     centroids = None
     if labels is not None:
         centroids = rng.standard_normal((int(labels.max()) + 1, dim), dtype=np.float32)
-    feat = torch.empty((n, dim), dtype=torch.float32)
-    out = feat.numpy()
     for begin in range(0, n, _FEATURE_CHUNK_ROWS):
-        block = out[begin : begin + _FEATURE_CHUNK_ROWS]
+        block = np.empty((min(_FEATURE_CHUNK_ROWS, n - begin), dim), dtype=np.float32)
         rng.standard_normal(dtype=np.float32, out=block)
         block *= np.float32(noise)
         if centroids is not None:
             block += centroids[labels[begin : begin + block.shape[0]]]
-    return feat
+        yield block
+
+
+def _key_degrees(keys: np.ndarray, n: int) -> np.ndarray:
+    """``(n,)`` int64 degree of each vertex in the undirected edges ``keys``, counted in
+    chunks (no full-size temporaries)."""
+    degree = np.zeros(n, dtype=np.int64)
+    for start in range(0, keys.shape[0], _FEATURE_CHUNK_ROWS):
+        low, high = np.divmod(keys[start : start + _FEATURE_CHUNK_ROWS], n)
+        degree += np.bincount(low, minlength=n)
+        degree += np.bincount(high, minlength=n)
+    return degree
 
 
 def _degree_quantile_labels(

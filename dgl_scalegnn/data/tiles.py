@@ -24,6 +24,7 @@ __all__ = [
     "TiledAdjacency",
     "tile_adjacency",
     "default_tile_count",
+    "index_dtype",
     "BlockRead",
     "read_block",
     "Verify",
@@ -40,7 +41,8 @@ def default_tile_count(num_nodes: int) -> int:
     return max(1, min(256, num_nodes))
 
 
-def _index_dtype(num_nodes: int) -> type:
+def index_dtype(num_nodes: int) -> type:
+    """Of stored row and column ids: int32 below 2^31 vertices."""
     return np.int32 if num_nodes < 2**31 else np.int64
 
 
@@ -80,13 +82,13 @@ def tile_adjacency(csr: NormalizedCSR, tile_count: int | None = None) -> TiledAd
     order = np.argsort(tile, kind="stable")
     offsets = np.zeros(tiles * tiles + 1, dtype=np.int64)
     np.cumsum(np.bincount(tile, minlength=tiles * tiles), out=offsets[1:])
-    index_dtype = _index_dtype(n)
+    ids = index_dtype(n)
     return TiledAdjacency(
         num_nodes=n,
         tile_count=tiles,
         offsets=offsets,
-        rows=rows[order].astype(index_dtype),
-        cols=csr.indices[order].astype(index_dtype),
+        rows=rows[order].astype(ids),
+        cols=csr.indices[order].astype(ids),
         values=csr.values[order],
         degrees=csr.degrees,
     )

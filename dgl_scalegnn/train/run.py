@@ -14,6 +14,7 @@ import torch.distributed as dist
 import dgl_scalegnn
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import Config, ParallelConfig
+from dgl_scalegnn.data.cache import shared_prepared_directory
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph, open_prepared, prepare_in_memory
@@ -43,8 +44,13 @@ def versions() -> dict[str, str]:
     }
 
 
-def load_graph(cfg: Config) -> PreparedGraph:
-    """The prepared graph of ``cfg.data``: memory-mapped from disk, or prepared in memory."""
+def load_graph(cfg: Config, session: Session | None = None) -> PreparedGraph:
+    """The prepared graph of ``cfg.data``, memory-mapped from ``data.prepared`` if set.
+
+    Otherwise one process prepares it in memory; the ranks of a job of several share a
+    prepared directory in the cache (:mod:`~dgl_scalegnn.data.cache`): one rank per
+    node prepares or reuses it while the others wait, and each maps only its share.
+    """
     data = cfg.data
     if data.prepared is not None:
         graph = open_prepared(data.prepared)
@@ -54,7 +60,10 @@ def load_graph(cfg: Config) -> PreparedGraph:
                 f"{data.name!r}; point data.prepared at a directory prepared for {data.name!r}"
             )
         return graph
-    return prepare_in_memory(load_dataset(data), data.permutation_seed)
+    if session is None or session.watchdog is None:
+        return prepare_in_memory(load_dataset(data), data.permutation_seed)
+    store = session.watchdog.store
+    return open_prepared(shared_prepared_directory(data, store, session.launch.local_rank))
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,7 @@ def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]
             versions=versions(),
         )
         try:
-            graph = load_graph(cfg)
+            graph = load_graph(cfg, session)
             trainer = Trainer(cfg, graph, runtime, metrics, session.device)
             return trainer.fit()
         finally:

@@ -1,0 +1,192 @@
+"""Prepared graphs cached on disk, so that training without ``data.prepared`` never
+builds the whole graph on every rank.
+
+A cached graph lives in ``<cache>/prepared/<name>-<key>/`` (``<cache>`` is
+:func:`~dgl_scalegnn.data.datasets.default_cache_dir`), where ``<key>`` hashes every
+setting that changes the prepared bytes (:func:`cache_settings`, which includes the
+package version). Next to
+``meta.json`` it holds ``cache.json``: those settings and the size and modification
+time of each source file (:func:`~dgl_scalegnn.data.datasets.source_files`).
+
+In a job of several processes, the first process of each node (local rank 0) takes a
+lock (``<name>-<key>.lock``, ``flock``), reuses the directory if ``cache.json``
+matches and the files open with the sizes ``meta.json`` records, and otherwise
+prepares it (:func:`~dgl_scalegnn.data.streaming.prepare_streaming`, into a
+temporary sibling renamed into place) and says why. It then posts the path in the
+rendezvous store; the other processes of its node poll for it, their watchdogs running,
+so a failure while preparing stops every rank with its message. Every rank then
+memory-maps the directory and reads its share, checking the chunk checksums of what it
+reads. With a cache directory shared by several nodes, their first processes take
+turns through the lock and only the first one prepares.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import dgl_scalegnn
+from dgl_scalegnn.config import DataConfig
+from dgl_scalegnn.data.datasets import default_cache_dir, load_source, source_files
+from dgl_scalegnn.data.graph import DatasetError
+from dgl_scalegnn.data.prepared import FORMAT_VERSION, open_prepared
+from dgl_scalegnn.data.streaming import DEFAULT_MEMORY_GB, MemoryBudget, prepare_streaming
+
+__all__ = [
+    "cache_settings",
+    "cache_directory",
+    "cache_problem",
+    "prepare_cached",
+    "shared_prepared_directory",
+    "MEMORY_ENV",
+]
+
+#: Environment variable: the working memory (GiB) of the rank that prepares the cache.
+MEMORY_ENV = "SCALEGNN_PREPARE_MEMORY_GB"
+_RECORD = "cache.json"
+
+
+def cache_settings(cfg: DataConfig) -> dict:
+    """Everything that decides the prepared bytes, apart from the source files' contents.
+
+    Examples
+    --------
+    >>> from dgl_scalegnn.config import DataConfig
+    >>> settings = cache_settings(DataConfig(name="synthetic", permutation_seed=3))
+    >>> settings["permutation_seed"], settings["synthetic"]["num_nodes"]
+    (3, 20000)
+    """
+    settings: dict = {
+        "dgl_scalegnn": dgl_scalegnn.__version__,  # a new version may prepare differently
+        "format_version": FORMAT_VERSION,
+        "name": cfg.name,
+        "permutation_seed": cfg.permutation_seed,
+    }
+    if cfg.name == "synthetic":
+        settings["synthetic"] = asdict(cfg.synthetic)
+    elif cfg.name == "dgl":
+        settings["path"] = str(Path(cfg.path).expanduser().resolve()) if cfg.path else None
+    else:
+        root = cfg.resolved_root()
+        settings["root"] = str(Path(root).expanduser().resolve()) if root else None
+    return settings
+
+
+def cache_directory(cfg: DataConfig) -> Path:
+    """``<cache>/prepared/<name>-<16 hex digits of the settings' SHA-256>``."""
+    text = json.dumps(cache_settings(cfg), sort_keys=True)
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return default_cache_dir() / "prepared" / f"{cfg.name}-{key}"
+
+
+def _record(cfg: DataConfig) -> dict:
+    sources = {}
+    for path in source_files(cfg):
+        if path.is_file():
+            stat = path.stat()
+            sources[str(path)] = [stat.st_size, stat.st_mtime_ns]
+    return {"settings": cache_settings(cfg), "sources": sources}
+
+
+def cache_problem(directory: Path, cfg: DataConfig) -> str | None:
+    """Why ``directory`` cannot serve ``cfg`` (absent, interrupted, stale, damaged), or
+    None when it can."""
+    if not directory.is_dir():
+        return "absent"
+    record_path = directory / _RECORD
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return f"{record_path} is missing or unreadable (an interrupted preparation)"
+    if record != _record(cfg):
+        return f"stale: {record_path} records other settings or source files than these"
+    try:
+        open_prepared(directory)
+    except DatasetError as error:
+        return f"damaged: {error}"
+    return None
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (released by the kernel if this process dies)."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _say(message: str) -> None:
+    print(f"scalegnn: {message}", file=sys.stderr, flush=True)
+
+
+def prepare_cached(cfg: DataConfig, budget: MemoryBudget | None = None) -> Path:
+    """The cache directory of ``cfg``, reused if sound, prepared (again) otherwise.
+
+    Raises
+    ------
+    DatasetError
+        If the cache directory cannot be written, or the dataset cannot be loaded.
+    """
+    directory = cache_directory(cfg)
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        lock = directory.parent / f"{directory.name}.lock"
+        lock.touch()
+    except OSError as error:
+        raise DatasetError(
+            f"cannot write the cache directory {str(directory.parent)!r} ({error}); set "
+            "SCALEGNN_CACHE_DIR to a writable directory, or prepare the dataset with "
+            "`scalegnn prepare` and set data.prepared"
+        ) from error
+    with _locked(lock):
+        problem = cache_problem(directory, cfg)
+        if problem is None:
+            _say(f"reusing the prepared {cfg.name!r} in {directory}")
+            return directory
+        if problem != "absent":
+            _say(f"preparing {directory} again: {problem}")
+        record = _record(cfg)  # before loading: a change made meanwhile shows up next time
+        _say(f"preparing {cfg.name!r} into {directory} (once; later runs reuse it)")
+        prepare_streaming(
+            load_source(cfg), directory, cfg.permutation_seed, budget=budget or _budget()
+        )
+        partial = directory / f".{_RECORD}.partial"
+        partial.write_text(json.dumps(record, indent=2) + "\n")
+        partial.replace(directory / _RECORD)
+    return directory
+
+
+def _budget() -> MemoryBudget:
+    value = os.environ.get(MEMORY_ENV, str(DEFAULT_MEMORY_GB))
+    try:
+        return MemoryBudget.gigabytes(float(value))
+    except ValueError:
+        raise DatasetError(
+            f"{MEMORY_ENV}: got {value!r}; give the preparation's working memory in GiB, "
+            f"e.g. {DEFAULT_MEMORY_GB:g}"
+        ) from None
+
+
+def shared_prepared_directory(cfg: DataConfig, store, local_rank: int) -> Path:
+    """The prepared directory for every rank of a job: the first rank of each node
+    prepares or reuses it, the others of that node poll the rendezvous ``store``."""
+    key = f"prepared-cache/{socket.gethostname()}/{cache_directory(cfg).name}"
+    if local_rank == 0:
+        directory = prepare_cached(cfg)
+        store.set(key, str(directory))
+        return directory
+    while not store.check([key]):
+        time.sleep(0.5)  # the watchdog ends this process if the preparing rank fails
+    return Path(store.get(key).decode())
