@@ -82,7 +82,7 @@ def _need_gpus(count: int) -> None:
 def _relative(a, b) -> float:
     a, b = np.asarray(a), np.asarray(b)
     assert a.shape == b.shape and len(a) > 0, (a, b)
-    return float(np.max(np.abs(a - b) / np.abs(b)))
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
 
 
 # ------------------------------------------------------------------ one process
@@ -102,8 +102,9 @@ def test_one_gpu_matches_the_cpu():
     assert len(step_losses(gpu)) == 3
     assert _relative(step_losses(gpu), step_losses(cpu)) < 1e-4
     (gpu_eval,), (cpu_eval,) = ([e for e in ev if e["event"] == "eval"] for ev in (gpu, cpu))
-    for key in ("train_acc", "val_acc", "test_acc"):  # a near tie may flip one vertex
-        assert abs(gpu_eval[key] - cpu_eval[key]) <= 2 / 1500, key
+    for key in ("train_acc", "val_acc", "test_acc"):
+        # a near tie may flip one vertex of the 150-vertex validation split
+        assert abs(gpu_eval[key] - cpu_eval[key]) <= 0.01, key
     # CUDA-event timers (regions still running at a step's end count in the next step)
     seconds = [e["seconds"] for e in gpu if e["event"] == "step"]
     assert all(sum(s.get(c, 0.0) for s in seconds) > 0 for c in ("spmm", "gemm", "sampling"))
