@@ -7,7 +7,7 @@ NP ?= 4
 GRID ?= 1x1x2x2
 CONFIG ?= yaml/synthetic.yaml
 
-.PHONY: install test run lint bench clean
+.PHONY: install test test-gpu run lint bench clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ install:
 
 test:
 	$(PY) -m pytest -q
+
+# The CUDA smoke suite (tests/gpu): NCCL against gloo, one GPU against the CPU. Where
+# no GPU is visible it runs nothing and says so.
+test-gpu:
+	SCALEGNN_TEST_GPU=1 $(PY) -m pytest -q -rs tests/gpu
 
 lint:
 	$(VENV)/bin/ruff check dgl_scalegnn tests benchmarks

@@ -40,6 +40,8 @@ __all__ = [
     "load_config",
     "apply_overrides",
     "DATASET_NAMES",
+    "check_kernel_backend",
+    "CPU_ONLY_KERNELS",
 ]
 
 
@@ -185,13 +187,36 @@ class Config:
         return dataclasses.asdict(self)
 
 
+#: Local SpMM kernels that call DGL's sparse operators, which DGL's wheels provide on CPU
+#: only (see :mod:`dgl_scalegnn.parallel.spmm`).
+CPU_ONLY_KERNELS = ("dgl-scaled", "dgl-weighted")
+
 _CHOICES = {
     "data.name": DATASET_NAMES,
     "train.target_metric": ("train_acc", "val_acc", "test_acc"),
     "train.on_nonfinite": ("stop", "skip"),
     "parallel.backend": ("auto", "gloo", "nccl"),
-    "parallel.spmm_kernel": ("auto", "torch-csr", "dgl-scaled", "dgl-weighted"),
+    "parallel.spmm_kernel": ("auto", "torch-csr", *CPU_ONLY_KERNELS),
 }
+
+
+def check_kernel_backend(kernel: str, backend: str) -> None:
+    """Refuse a local SpMM kernel that cannot run with ``backend`` (NCCL means CUDA tensors,
+    and the DGL kernels run on CPU only: see :mod:`dgl_scalegnn.parallel.spmm`).
+
+    >>> check_kernel_backend("dgl-scaled", "gloo")
+    >>> try:
+    ...     check_kernel_backend("dgl-scaled", "nccl")
+    ... except ConfigError as error:
+    ...     print(str(error).split(";")[0])
+    parallel.spmm_kernel: got 'dgl-scaled' with parallel.backend nccl
+    """
+    if backend == "nccl" and kernel in CPU_ONLY_KERNELS:
+        raise ConfigError(
+            f"parallel.spmm_kernel: got {kernel!r} with parallel.backend nccl; the DGL kernels "
+            "run on CPU tensors only and NCCL trains on CUDA: use spmm_kernel torch-csr (or "
+            "auto) on GPUs, or backend gloo to train on CPU"
+        )
 
 
 def _check_choices_and_ranges(cfg: Config) -> None:
@@ -205,6 +230,7 @@ def _check_choices_and_ranges(cfg: Config) -> None:
         if value < minimum:
             raise ConfigError(f"{key}: got {value}; it must be at least {minimum}")
 
+    check_kernel_backend(cfg.parallel.spmm_kernel, cfg.parallel.backend)
     positive("model.hidden", cfg.model.hidden)
     positive("model.layers", cfg.model.layers, 0)
     positive("sampling.batch_size", cfg.sampling.batch_size, 2)

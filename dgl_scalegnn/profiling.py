@@ -41,44 +41,87 @@ COMPONENTS = (
 class Profiler:
     """Accumulates seconds per component and bytes sent per group kind.
 
-    With ``synchronize=True`` each region waits for the device first, so that
-    asynchronous CUDA kernels are charged to the region that launched them.
+    On the CPU a region is timed by the host clock. On a CUDA ``device`` kernels and NCCL
+    collectives return as soon as they are queued, so a region records a pair of CUDA
+    events on the current stream of the thread that enters it (the prefetch thread's
+    side stream, or the training stream) and is charged the device time between them.
+    Reading those times never waits: :meth:`snapshot` takes the regions whose events
+    have completed, and regions still running go to the next snapshot (or are waited
+    for with ``wait=True``).
+
+    Parameters
+    ----------
+    enabled : bool
+        A disabled profiler records nothing.
+    device : torch.device or str
+        The device whose work the regions time.
     """
 
-    def __init__(self, enabled: bool = True, synchronize: bool = False) -> None:
+    def __init__(self, enabled: bool = True, device: torch.device | str = "cpu") -> None:
         self._lock = threading.Lock()  # the prefetch thread records regions too
         self.enabled = enabled
-        self.synchronize = synchronize and torch.cuda.is_available()
+        self.device = torch.device(device)
         self.seconds: dict[str, float] = defaultdict(float)
         self.bytes: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
+        self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
 
     @contextmanager
     def region(self, component: str) -> Iterator[None]:
         if not self.enabled:
             yield
             return
-        if self.synchronize:
-            torch.cuda.synchronize()
+        if self.device.type == "cuda":
+            with self._device_region(component):
+                yield
+            return
         start = time.perf_counter()
         try:
             yield
         finally:
-            if self.synchronize:
-                torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
             with self._lock:
                 self.seconds[component] += elapsed
                 self.calls[component] += 1
+
+    @contextmanager
+    def _device_region(self, component: str) -> Iterator[None]:
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        try:
+            yield
+        finally:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            with self._lock:
+                self._pending.append((component, start, end))
+                self.calls[component] += 1
+
+    def _collect(self, wait: bool) -> None:
+        """Charge the regions whose events have completed (all of them if ``wait``)."""
+        running = []
+        for component, start, end in self._pending:
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                running.append((component, start, end))
+                continue
+            self.seconds[component] += start.elapsed_time(end) / 1000.0
+        self._pending = running
 
     def add_bytes(self, group_kind: str, count: int) -> None:
         if self.enabled:
             with self._lock:
                 self.bytes[group_kind] += int(count)
 
-    def snapshot(self, reset: bool = False) -> dict[str, dict[str, float]]:
-        """Seconds, bytes and calls so far (and start again from zero if ``reset``)."""
+    def snapshot(self, reset: bool = False, wait: bool = False) -> dict[str, dict[str, float]]:
+        """Seconds, bytes and calls so far (and start again from zero if ``reset``).
+
+        On CUDA, regions whose kernels still run are left for the next snapshot unless
+        ``wait`` (which waits for them: a host synchronisation).
+        """
         with self._lock:
+            self._collect(wait)
             state = {
                 "seconds": dict(self.seconds),
                 "bytes": dict(self.bytes),

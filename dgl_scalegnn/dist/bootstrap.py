@@ -6,6 +6,10 @@ the process is alone. Under MPI (and under ``srun`` without ``MASTER_ADDR``), ra
 picks the rendezvous address and a free port and broadcasts them with mpi4py;
 torch.distributed then carries all the data. The backend is NCCL on
 CUDA and gloo on CPU, from one code path.
+
+Order of start-up on GPUs: the rank's device is chosen and made current first, then the
+process group is started bound to it (``device_id``), so NCCL initialises its
+communicators eagerly at start-up instead of lazily inside the first training step.
 """
 
 from __future__ import annotations
@@ -78,12 +82,24 @@ def resolve_backend(requested: str) -> str:
 
 
 def device_for(info: LaunchInfo, backend: str) -> torch.device:
-    """One GPU per rank (by node-local rank) with NCCL, the CPU with gloo."""
-    if backend == "nccl":
-        device = torch.device("cuda", info.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
+    """One GPU per rank (by node-local rank) with NCCL, made current; the CPU with gloo.
+
+    A rank that sees one GPU (e.g. bound by ``srun --gpus-per-task=1`` or
+    ``CUDA_VISIBLE_DEVICES``) uses it; otherwise node-local rank ``i`` takes GPU ``i``.
+    """
+    if backend != "nccl":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    index = 0 if count == 1 else info.local_rank
+    if index >= count:
+        raise RuntimeError(
+            f"rank {info.rank} is node-local rank {info.local_rank} but this node shows "
+            f"{count} GPUs; NCCL needs one GPU per rank: launch at most {count} processes "
+            "per node, or bind one GPU to each rank (CUDA_VISIBLE_DEVICES)"
+        )
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    return device
 
 
 def _free_port() -> int:
@@ -106,13 +122,15 @@ def _share_rendezvous_over_mpi() -> None:
 
 
 def init_distributed(
-    info: LaunchInfo, backend: str, timeout_s: float
+    info: LaunchInfo, backend: str, timeout_s: float, device: torch.device | None = None
 ) -> tuple[dist.Store, bool] | None:
     """Start torch.distributed for a multi-process launch; return its key-value store and
     whether this process hosts it.
 
     A single process needs nothing (returns ``None``). The store is the rendezvous
     ``TCPStore`` (hosted by rank 0, or by torchrun's agent); the watchdog uses it too.
+    A CUDA ``device`` (from :func:`device_for`, already current) binds the process group
+    to it.
     """
     if info.world_size == 1 or dist.is_initialized():
         return None
@@ -135,6 +153,11 @@ def init_distributed(
         timeout=timeout,
     )
     dist.init_process_group(
-        backend=backend, store=store, rank=info.rank, world_size=info.world_size, timeout=timeout
+        backend=backend,
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timeout,
+        device_id=device if device is not None and device.type == "cuda" else None,
     )
     return store, hosts_store

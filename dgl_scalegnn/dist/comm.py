@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.dist.grid import CommGroup, Grid4D
+from dgl_scalegnn.parallel.layout import Axis
 from dgl_scalegnn.profiling import Profiler
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "all_reduce",
     "start_all_reduce",
     "all_to_all",
+    "warm_up_groups",
 ]
 
 
@@ -154,3 +156,16 @@ def all_to_all(
             group=group.handle,
         )
     return list(torch.split(receive, list(receive_numels)))
+
+
+def warm_up_groups(grid: Grid4D, device: torch.device) -> None:
+    """One small all-reduce on every process group of this rank, at start-up.
+
+    NCCL builds a communicator on its first collective; without this the first training
+    step would pay for all of them (and a rank that cannot reach the others would fail
+    inside step 0 instead of at start-up). On gloo it is a cheap barrier per group.
+    """
+    # Every rank goes through the kinds in the same order, so no two groups wait on each other.
+    for group in (*(grid.group(axis) for axis in Axis), grid.dp_group, grid.tp_group):
+        if not _skip(group):
+            dist.all_reduce(torch.zeros(1, device=device), group=group.handle)

@@ -38,15 +38,33 @@ class RowPartition:
     bounds: tuple[tuple[Axis, tuple[int, ...]], ...]
 
     @classmethod
-    def of(cls, vertex_ids: torch.Tensor, num_nodes: int, shape: GridShape) -> RowPartition:
-        """Split sorted ``vertex_ids`` by the vertex ranges of every axis of ``shape``."""
-        bounds = []
-        for axis in Axis:
-            vertex_bounds = torch.tensor(
-                split_bounds(num_nodes, shape.size(axis)), device=vertex_ids.device
-            )
-            offsets = torch.searchsorted(vertex_ids, vertex_bounds)
-            bounds.append((axis, tuple(int(v) for v in offsets)))
+    def of(
+        cls,
+        vertex_ids: torch.Tensor,
+        num_nodes: int,
+        shape: GridShape,
+        device: torch.device | str | None = None,
+    ) -> RowPartition:
+        """Split sorted ``vertex_ids`` by the vertex ranges of every axis of ``shape``.
+
+        The offsets are found by one binary search and read back once; give the ids on
+        the CPU (where the sampler draws them) and the ``device`` to keep them on, so
+        that no accelerator has to be waited for.
+        """
+        axes = tuple(Axis)
+        vertex_bounds = [split_bounds(num_nodes, shape.size(axis)) for axis in axes]
+        flat = torch.tensor(
+            [b for bounds in vertex_bounds for b in bounds],
+            dtype=vertex_ids.dtype,
+            device=vertex_ids.device,
+        )
+        offsets = torch.searchsorted(vertex_ids, flat).tolist()
+        bounds, start = [], 0
+        for axis, axis_bounds in zip(axes, vertex_bounds):
+            bounds.append((axis, tuple(offsets[start : start + len(axis_bounds)])))
+            start += len(axis_bounds)
+        if device is not None:
+            vertex_ids = vertex_ids.to(device, non_blocking=True)
         return cls(vertex_ids=vertex_ids, num_nodes=num_nodes, bounds=tuple(bounds))
 
     @property

@@ -5,7 +5,8 @@ mini-batch adjacency. Three kernels compute :math:`\\tilde A^{loc} F` and
 :math:`(\\tilde A^{loc})^T G`:
 
 - ``torch-csr`` (the default): ``torch.sparse`` CSR products, the forward CSR taken
-  as is from the row-sorted block and the transpose by one stable sort of the columns;
+  as is from the row-sorted block and the transpose by one stable sort of the columns,
+  built on the first backward product only (evaluation never needs it);
 - ``dgl-scaled``: the block kept unweighted and the normalisation applied as scalings,
 
   .. math::
@@ -21,6 +22,11 @@ The default is chosen by measurement (``benchmarks/bench_spmm.py``, mini-batch b
 a 200k-vertex synthetic graph, width 128, CPU): forward plus backward took 0.27-0.37x
 the time of ``u_mul_e_sum`` with ``torch-csr`` and 0.5-1.5x with ``dgl-scaled``.
 Blocks are built in the prefetch thread, so their build time is off the step's path.
+
+The two DGL kernels run on CPU tensors only: the DGL 2.1 wheels are CPU builds, and
+no DGL CUDA wheel exists for the torch this project pins, so the GPU path never needs
+DGL's kernels. :func:`build_local_spmm` refuses them for a block on another device, and
+the config refuses them with ``parallel.backend: nccl``.
 """
 
 from __future__ import annotations
@@ -32,14 +38,27 @@ from typing import Protocol
 import torch
 
 from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.config import CPU_ONLY_KERNELS
 
-__all__ = ["BlockCOO", "LocalSpMM", "build_local_spmm", "SPMM_KERNELS", "DEFAULT_KERNEL"]
+__all__ = [
+    "BlockCOO",
+    "LocalSpMM",
+    "build_local_spmm",
+    "SPMM_KERNELS",
+    "CPU_ONLY_KERNELS",
+    "DEFAULT_KERNEL",
+    "KernelDeviceError",
+]
 
-SPMM_KERNELS = ("torch-csr", "dgl-scaled", "dgl-weighted")
+SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
 #: Chosen by measurement (benchmarks/bench_spmm.py; see the module docstring).
 DEFAULT_KERNEL = "torch-csr"
 # torch announces its CSR support as beta once per process; on every rank that is noise.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+class KernelDeviceError(ValueError):
+    """A local SpMM kernel asked to run on a device it has no implementation for."""
 
 
 @dataclass(frozen=True)
@@ -157,26 +176,34 @@ class _DGLScaled:
 
 
 def _csr(
-    rows: torch.Tensor,
-    cols: torch.Tensor,
-    values: torch.Tensor,
-    shape: tuple[int, int],
-    rows_sorted: bool,
+    rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]
 ) -> torch.Tensor:
-    if not rows_sorted:
-        order = torch.argsort(rows, stable=True)
-        rows, cols, values = rows[order], cols[order], values[order]
-    crow = torch.zeros(shape[0] + 1, dtype=torch.int64, device=rows.device)
-    torch.cumsum(torch.bincount(rows, minlength=shape[0]), 0, out=crow[1:])
+    """A CSR tensor of the row-sorted entries; row pointers by binary search (a bincount
+    would read the largest row back to the host on CUDA)."""
+    boundaries = torch.arange(shape[0] + 1, dtype=rows.dtype, device=rows.device)
+    crow = torch.searchsorted(rows, boundaries)
     return torch.sparse_csr_tensor(crow, cols, values, shape, check_invariants=False)
 
 
 class _TorchCSR:
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
-        shape = (block.num_rows, block.num_cols)
-        self._forward = _csr(block.rows, block.cols, block.values, shape, rows_sorted=True)
-        self._backward = _csr(block.cols, block.rows, block.values, shape[::-1], rows_sorted=False)
+        self._block = block
+        self._forward = _csr(block.rows, block.cols, block.values, (self.num_rows, self.num_cols))
+        self._backward: torch.Tensor | None = None
+
+    def _transpose(self) -> torch.Tensor:
+        """The transposed CSR, built on first use: one stable sort by column."""
+        if self._backward is None:
+            block = self._block
+            order = torch.argsort(block.cols, stable=True)
+            self._backward = _csr(
+                block.cols.index_select(0, order),
+                block.rows.index_select(0, order),
+                block.values.index_select(0, order),
+                (self.num_cols, self.num_rows),
+            )
+        return self._backward
 
     def matmul(self, features: torch.Tensor) -> torch.Tensor:
         if self.num_rows == 0 or self.num_cols == 0:
@@ -186,7 +213,7 @@ class _TorchCSR:
     def matmul_t(self, grads: torch.Tensor) -> torch.Tensor:
         if self.num_rows == 0 or self.num_cols == 0:
             return grads.new_zeros(self.num_cols, grads.shape[1])
-        return self._backward.to(grads.dtype) @ grads
+        return self._transpose().to(grads.dtype) @ grads
 
 
 _KERNELS = {"torch-csr": _TorchCSR, "dgl-scaled": _DGLScaled, "dgl-weighted": _DGLWeighted}
@@ -203,12 +230,24 @@ def build_local_spmm(block: BlockCOO, kernel: str = "auto") -> LocalSpMM:
     ...     values=torch.tensor([0.5, 1.0, 0.5]), diagonal=torch.tensor([True, False, True]),
     ...     row_scale=torch.full((2,), 0.5 ** 0.5), col_scale=torch.full((2,), 0.5 ** 0.5),
     ...     inv_p=2.0, num_rows=2, num_cols=2)
-    >>> build_local_spmm(block, "dgl-scaled").matmul(torch.ones(2, 1)).flatten().tolist()
+    >>> out = build_local_spmm(block, "dgl-scaled").matmul(torch.ones(2, 1))
+    >>> [round(v, 4) for v in out.flatten().tolist()]
     [1.5, 0.5]
+
+    Raises
+    ------
+    KernelDeviceError
+        For a DGL kernel (:data:`CPU_ONLY_KERNELS`) on a block that is not on the CPU.
     """
     name = DEFAULT_KERNEL if kernel == "auto" else kernel
     if name not in _KERNELS:
         raise ValueError(
             f"unknown SpMM kernel {kernel!r}; choose auto or one of {', '.join(SPMM_KERNELS)}"
+        )
+    device = block.values.device
+    if name in CPU_ONLY_KERNELS and device.type != "cpu":
+        raise KernelDeviceError(
+            f"parallel.spmm_kernel: {name!r} calls DGL's CPU-only kernels but the block is on "
+            f"{device}; use torch-csr (or auto) on {device.type}"
         )
     return _KERNELS[name](block)

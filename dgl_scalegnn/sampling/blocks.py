@@ -73,13 +73,15 @@ def gather_rows(indptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor,
     """Positions of the entries of CSR ``rows``, and the prefix sum of the row lengths.
 
     The entry in output slot ``k`` belongs to ``rows[i]`` for the ``i`` with
-    ``ends[i-1] <= k < ends[i]`` (``torch.searchsorted(ends, k, right=True)``).
+    ``ends[i-1] <= k < ends[i]`` (``torch.searchsorted(ends, k, right=True)``). The entry
+    count is read back once (one host synchronisation on an accelerator).
     """
     starts = indptr.index_select(0, rows)
     counts = indptr.index_select(0, rows + 1) - starts
     ends = torch.cumsum(counts, 0)
-    positions = torch.repeat_interleave(starts - (ends - counts), counts)
-    positions += torch.arange(positions.numel(), device=rows.device)
+    total = int(ends[-1]) if rows.numel() else 0
+    positions = torch.repeat_interleave(starts - (ends - counts), counts, output_size=total)
+    positions += torch.arange(total, device=rows.device)
     return positions, ends
 
 
@@ -116,36 +118,53 @@ class ColumnMap:
 
 
 def extract_block(
-    csr: CSRBlock, sample: torch.Tensor, p: float, column_map: ColumnMap | None = None
+    csr: CSRBlock,
+    sample: torch.Tensor,
+    p: float,
+    column_map: ColumnMap | None = None,
+    spans: tuple[tuple[int, int], tuple[int, int]] | None = None,
 ) -> BlockCOO:
     """This rank's block of :math:`\\tilde A_S` for the sorted sample ``sample``.
+
+    Two host synchronisations on an accelerator, both for sizes that only the data
+    decide: the gathered entry count and the kept entry count (none on the CPU).
 
     Parameters
     ----------
     csr : CSRBlock
         The rank's block of the normalised adjacency.
     sample : torch.Tensor
-        ``(B,)`` sorted global vertex ids shared by the data-parallel group.
+        ``(B,)`` sorted global vertex ids shared by the data-parallel group, on the
+        block's device.
     p : float
         Inclusion probability :math:`(B-1)/(N-1)`; 1 means no rescaling.
     column_map : ColumnMap, optional
         The block's persistent map (a fresh one is made when omitted).
+    spans : ((int, int), (int, int)), optional
+        Offsets ``[r_lo, r_hi)`` and ``[c_lo, c_hi)`` of :math:`S_r` and :math:`S_c` in
+        ``sample``, found on the host copy of the sample
+        (:meth:`~dgl_scalegnn.parallel.partition.RowPartition.range`); when omitted they
+        are searched here, at the cost of one more host synchronisation.
 
     Returns
     -------
     BlockCOO
         ``len(S_r) x len(S_c)`` block, rows and columns in sample order.
     """
-    bounds = torch.tensor(
-        [csr.row_start, csr.row_stop, csr.col_start, csr.col_stop], device=sample.device
-    )
-    r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, bounds).tolist()
+    if spans is None:
+        bounds = torch.tensor(
+            [csr.row_start, csr.row_stop, csr.col_start, csr.col_stop], device=sample.device
+        )
+        r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, bounds).tolist()
+    else:
+        (r_lo, r_hi), (c_lo, c_hi) = spans
     row_ids, col_ids = sample[r_lo:r_hi], sample[c_lo:c_hi]
-    positions, ends = gather_rows(csr.indptr, row_ids - csr.row_start)
+    local_rows, local_cols = row_ids - csr.row_start, col_ids - csr.col_start
+    positions, ends = gather_rows(csr.indptr, local_rows)
     if column_map is None:
         column_map = ColumnMap(csr.col_stop - csr.col_start, sample.device)
     # index_select, not fancy indexing: ~3x faster on CPU for these sizes
-    kept, cols = column_map.locate(col_ids - csr.col_start, csr.indices.index_select(0, positions))
+    kept, cols = column_map.locate(local_cols, csr.indices.index_select(0, positions))
     rows = torch.searchsorted(ends, kept, right=True)
     diagonal = row_ids.index_select(0, rows) == col_ids.index_select(0, cols)
     values = csr.values.index_select(0, positions.index_select(0, kept))
@@ -155,8 +174,8 @@ def extract_block(
         cols=cols,
         values=values,
         diagonal=diagonal,
-        row_scale=csr.row_scale[row_ids - csr.row_start],
-        col_scale=csr.col_scale[col_ids - csr.col_start],
+        row_scale=csr.row_scale.index_select(0, local_rows),
+        col_scale=csr.col_scale.index_select(0, local_cols),
         inv_p=1.0 / p,
         num_rows=int(row_ids.numel()),
         num_cols=int(col_ids.numel()),

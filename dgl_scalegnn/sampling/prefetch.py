@@ -1,8 +1,10 @@
 """Build the batch of step ``t + 1`` while step ``t`` trains.
 
 A single worker thread runs the sampler one step ahead, across epoch boundaries (global
-steps are consecutive). On CUDA the worker issues its kernels on a side stream and
-records an event; the training stream waits on that event before it uses the batch.
+steps are consecutive). On CUDA the worker first makes the rank's GPU its current device
+(a thread starts on GPU 0, and entering a stream context there would open a context on
+GPU 0 from every rank), then issues its kernels on a side stream and records an event;
+the training stream waits on that event before it uses the batch.
 On CPU the thread alone gives the overlap (torch kernels release the GIL). The time
 the training loop waits for a batch is charged to ``prefetch_wait``.
 
@@ -29,6 +31,12 @@ __all__ = ["Prefetcher"]
 T = TypeVar("T")
 
 
+def _use_device(device: torch.device) -> None:
+    """Make ``device`` the current device of the calling (worker) thread."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
 class Prefetcher(Generic[T]):
     """Calls ``build(step)`` one step ahead of :meth:`get` on a worker thread.
 
@@ -48,7 +56,15 @@ class Prefetcher(Generic[T]):
     ) -> None:
         self._build, self._profiler = build, profiler
         self._device = torch.device(device)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        if self._device.type == "cuda" and self._device.index is None:
+            # "cuda" means the caller's current GPU; the worker thread's would be GPU 0.
+            self._device = torch.device("cuda", torch.cuda.current_device())
+        self._executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="prefetch",
+            initializer=_use_device,
+            initargs=(self._device,),
+        )
         self._stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
         self._pending: tuple[int, Future] | None = None
 

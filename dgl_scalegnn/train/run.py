@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import dgl_scalegnn
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import Config, ParallelConfig
+from dgl_scalegnn.config import Config, ParallelConfig, check_kernel_backend
 from dgl_scalegnn.data.cache import shared_prepared_directory
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.graph import DatasetError
@@ -25,7 +25,7 @@ from dgl_scalegnn.dist.bootstrap import (
     init_distributed,
     resolve_backend,
 )
-from dgl_scalegnn.dist.comm import CommOptions, Runtime
+from dgl_scalegnn.dist.comm import CommOptions, Runtime, warm_up_groups
 from dgl_scalegnn.dist.grid import Grid4D, GridShape
 from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE, Watchdog, is_communication_error
 from dgl_scalegnn.profiling import Profiler
@@ -79,13 +79,16 @@ class Session:
 
 
 def start_session(parallel: ParallelConfig) -> Session:
-    """Detect the launch, check the grid against the world size, start torch.distributed
-    and create every process group of the grid."""
+    """Detect the launch, check the grid against the world size, choose and bind the
+    device, start torch.distributed on it, create every process group of the grid and
+    run one warm-up collective on each (NCCL then starts here, not inside step 0)."""
     info = detect_launch()
     shape = GridShape.parse(parallel.grid)
     shape.check_world_size(info.world_size)
     backend = resolve_backend(parallel.backend)
-    started = init_distributed(info, backend, parallel.timeout_s)
+    check_kernel_backend(parallel.spmm_kernel, backend)
+    device = device_for(info, backend)
+    started = init_distributed(info, backend, parallel.timeout_s, device)
     watchdog = None
     if started is not None:
         store, hosts_store = started
@@ -93,9 +96,10 @@ def start_session(parallel: ParallelConfig) -> Session:
             store, info.rank, info.world_size, timeout=parallel.watchdog_s, hosts_store=hosts_store
         ).start()
     grid = Grid4D.build(shape, info.rank)
+    warm_up_groups(grid, device)
     options = CommOptions(bf16=parallel.bf16_comm, overlap=parallel.overlap)
-    runtime = Runtime(grid, options, Profiler())
-    return Session(info, runtime, device_for(info, backend), backend, watchdog)
+    runtime = Runtime(grid, options, Profiler(device=device))
+    return Session(info, runtime, device, backend, watchdog)
 
 
 def end_session(session: Session, error: BaseException | None = None) -> None:

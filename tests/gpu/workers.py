@@ -1,0 +1,84 @@
+"""Rank workers of the CUDA smoke suite (run by :func:`tests.ranks.spawn_ranks`).
+
+:func:`gpu_checks` trains a small synthetic graph on this rank's GPU and writes
+``rank{r}.json`` with what the suite asserts: the device each piece ran on, the step
+losses with prefetch off and on, and the host synchronisations of one training step
+and of one batch build (counted by ``torch.cuda.set_sync_debug_mode``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dgl_scalegnn.config import config_from_mapping
+from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.data.synthetic import generate
+from dgl_scalegnn.sampling.prefetch import Prefetcher
+from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.run import end_session, start_session
+from dgl_scalegnn.train.trainer import Trainer
+
+
+def count_host_syncs(work: Callable[[], Any]) -> int:
+    """How many times ``work`` made the host wait for the GPU."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            work()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def _losses(cfg_mapping: dict, graph, session, device) -> list[float]:
+    cfg = config_from_mapping(cfg_mapping)
+    metrics = MetricsWriter(None, enabled=True)
+    Trainer(cfg, graph, session.runtime, metrics, device).fit()
+    return [e["loss"] for e in metrics.events if e["event"] == "step"]
+
+
+def gpu_checks(base: dict, out: str) -> None:
+    session = start_session(config_from_mapping(base).parallel)
+    try:
+        device, rank = session.device, session.runtime.grid.rank
+        graph = prepare_in_memory(generate(config_from_mapping(base).data.synthetic), 0)
+        prefetch_on = {**base, "sampling": {**base["sampling"], "prefetch": True}}
+        report: dict[str, Any] = {
+            "device": str(device),
+            "local_rank": session.launch.local_rank,
+            "current_device": torch.cuda.current_device(),
+            "losses": _losses(base, graph, session, device),
+            "losses_prefetch": _losses(prefetch_on, graph, session, device),
+        }
+        worker_devices: list[int] = []
+
+        def record_device(step: int) -> int:
+            worker_devices.append(torch.cuda.current_device())
+            return step
+
+        prefetcher = Prefetcher(record_device, session.runtime.profiler, device)
+        prefetcher.get(0)
+        prefetcher.close()
+        report["prefetch_thread_devices"] = worker_devices
+
+        trainer = Trainer(
+            config_from_mapping(base), graph, session.runtime, MetricsWriter(None), device
+        )
+        trainer.train_step(trainer.sample(0))  # warm-up: allocator, NCCL, kernels
+        batch = trainer.sample(1)
+        report["syncs_train_step"] = count_host_syncs(lambda: trainer.train_step(batch))
+        report["syncs_batch"] = count_host_syncs(lambda: trainer.sample(2))
+        report["planes"] = len(trainer.store.blocks)
+        report["threads"] = [t.name for t in threading.enumerate()]
+        Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+    finally:
+        end_session(session)
