@@ -46,7 +46,7 @@ class GridShape:
 
     >>> shape = GridShape.parse("2x2x3x1")
     >>> shape.world_size, shape.coords(7), shape.rank_of(shape.coords(7))
-    (12, Coords(d=0, x=1, y=0, z=0), 7)
+    (12, Coords(d=1, x=1, y=0, z=0), 7)
     """
 
     dp: int
