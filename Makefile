@@ -17,7 +17,7 @@ install:
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-deps --no-build-isolation -e .
 
-test:
+test: lint
 	$(PY) -m pytest -q
 
 # The CUDA smoke suite (tests/gpu): NCCL against gloo, one GPU against the CPU. Where
@@ -26,7 +26,7 @@ test-gpu:
 	SCALEGNN_TEST_GPU=1 $(PY) -m pytest -q -rs tests/gpu
 
 lint:
-	$(VENV)/bin/ruff check dgl_scalegnn tests benchmarks
+	$(VENV)/bin/ruff check .
 
 # The synthetic default on a 4-process grid through mpirun (NP, GRID, CONFIG overridable).
 run:

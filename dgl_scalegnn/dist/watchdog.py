@@ -17,6 +17,7 @@ Aborting uses ``os._exit``: the main thread may be blocked inside a collective.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -170,8 +171,6 @@ class Watchdog:
     def close(self) -> None:
         """Normal end: mark this rank done and stop the thread."""
         self._stop.set()
-        try:
+        with contextlib.suppress(Exception):  # shutting down anyway
             self.store.set(_DONE.format(self.rank), "1")
-        except Exception:  # shutting down anyway
-            pass
         self._thread.join(timeout=2 * self.interval)
