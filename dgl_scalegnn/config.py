@@ -85,7 +85,10 @@ class DataConfig:
 
     ``root`` defaults to ``$SCALEGNN_DATA_ROOT``; ``path`` is the file of a graph saved
     with ``dgl.save_graphs`` (``name: dgl``); ``prepared`` a directory written by
-    ``scalegnn prepare``, which then replaces loading and normalising.
+    ``scalegnn prepare``, which then replaces loading and normalising. ``featureless``
+    applies the paper's recipe for graphs without features to any dataset (128 random
+    features, and 32 degree classes where the graph has no labels; see
+    :mod:`dgl_scalegnn.data.featureless`), drawn from ``permutation_seed``.
     """
 
     name: str = "synthetic"
@@ -93,6 +96,7 @@ class DataConfig:
     path: str | None = None
     prepared: str | None = None
     permutation_seed: int = 0
+    featureless: bool = False
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def resolved_root(self) -> str | None:

@@ -70,6 +70,7 @@ def cache_settings(cfg: DataConfig) -> dict:
         "format_version": FORMAT_VERSION,
         "name": cfg.name,
         "permutation_seed": cfg.permutation_seed,
+        "featureless": cfg.featureless,
     }
     if cfg.name == "synthetic":
         settings["synthetic"] = asdict(cfg.synthetic)

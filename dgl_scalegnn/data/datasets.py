@@ -40,6 +40,7 @@ Every loader ends in the same checks and conversions as :func:`dataset_from_grap
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -52,7 +53,8 @@ import numpy as np
 import torch
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import DataConfig
+from dgl_scalegnn.config import DataConfig, SyntheticConfig
+from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.graph import REQUIRED_NDATA, DatasetError, NodeDataset
 from dgl_scalegnn.data.source import GraphSource, source_from_dataset
 
@@ -262,7 +264,12 @@ def load_dataset(cfg: DataConfig) -> NodeDataset:
         raise DatasetError(
             f"data.name: unknown dataset {cfg.name!r}; known datasets are {', '.join(_LOADERS)}"
         )
-    return loader(cfg)
+    dataset = loader(cfg)
+    if cfg.featureless and cfg.name != "synthetic":  # the generator draws the recipe itself
+        dataset.graph.ndata.update(
+            recipe_node_data(dataset.graph, cfg.permutation_seed, with_labels=False)
+        )
+    return dataset
 
 
 def load_source(cfg: DataConfig) -> GraphSource:
@@ -275,7 +282,7 @@ def load_source(cfg: DataConfig) -> GraphSource:
     if cfg.name == "synthetic":
         from dgl_scalegnn.data.synthetic import synthetic_source
 
-        return synthetic_source(cfg.synthetic)
+        return synthetic_source(_synthetic_config(cfg))
     return source_from_dataset(load_dataset(cfg))
 
 
@@ -586,7 +593,12 @@ def _load_dgl_file(cfg: DataConfig) -> NodeDataset:
             f"dataset 'dgl': cannot read {str(path)!r} as a dgl.save_graphs file ({error})"
         ) from error
     num_classes = _saved_num_classes(saved, path)
-    return _to_node_dataset(graphs[0], cfg.name, num_classes, f"file {str(path)!r}")
+    graph = graphs[0]
+    if cfg.featureless and not {"feat", "label"} <= set(graph.ndata):
+        # The recipe stands in for what the graph lacks; load_dataset draws the features.
+        recipe = recipe_node_data(graph, cfg.permutation_seed, "label" not in graph.ndata)
+        graph.ndata.update({k: v for k, v in recipe.items() if k not in graph.ndata})
+    return _to_node_dataset(graph, cfg.name, num_classes, f"file {str(path)!r}")
 
 
 def _saved_num_classes(saved: Mapping[str, torch.Tensor], path: Path) -> int | None:
@@ -610,10 +622,17 @@ def _saved_num_classes(saved: Mapping[str, torch.Tensor], path: Path) -> int | N
     return int(num_classes)
 
 
+def _synthetic_config(cfg: DataConfig) -> SyntheticConfig:
+    """The generator's settings; ``data.featureless`` turns on its own recipe."""
+    if cfg.featureless and not cfg.synthetic.featureless:
+        return dataclasses.replace(cfg.synthetic, featureless=True)
+    return cfg.synthetic
+
+
 def _load_synthetic(cfg: DataConfig) -> NodeDataset:
     from dgl_scalegnn.data.synthetic import generate
 
-    return generate(cfg.synthetic)
+    return generate(_synthetic_config(cfg))
 
 
 _LOADERS: dict[str, Callable[[DataConfig], NodeDataset]] = {

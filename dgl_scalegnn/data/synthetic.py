@@ -89,15 +89,16 @@ import torch
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ConfigError, SyntheticConfig
+from dgl_scalegnn.data.featureless import (
+    FEATURELESS_CLASSES,
+    FEATURELESS_DIM,
+    degree_quantile_labels,
+)
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.data.source import MASK_NAMES, GraphSource
 
 __all__ = ["generate", "synthetic_source", "FEATURELESS_DIM", "FEATURELESS_CLASSES"]
 
-#: Feature width of ``featureless: true`` graphs.
-FEATURELESS_DIM = 128
-#: Number of degree-quantile classes of ``featureless: true`` graphs.
-FEATURELESS_CLASSES = 32
 
 # Feature rows generated per chunk: bounds the float32 temporaries of the noise.
 _FEATURE_CHUNK_ROWS = 1 << 18
@@ -199,7 +200,7 @@ def _draw(cfg: SyntheticConfig) -> _Drawn:
     if cfg.featureless:
         name, num_classes = "synthetic-featureless", FEATURELESS_CLASSES
         dim, noise = FEATURELESS_DIM, 1.0
-        labels = _degree_quantile_labels(rng["ties"], _key_degrees(keys, n), num_classes)
+        labels = degree_quantile_labels(rng["ties"], _key_degrees(keys, n), num_classes)
         centroid_labels = None
     else:
         name, num_classes, dim = "synthetic", cfg.num_classes, cfg.num_features
@@ -378,21 +379,6 @@ def _key_degrees(keys: np.ndarray, n: int) -> np.ndarray:
         degree += np.bincount(low, minlength=n)
         degree += np.bincount(high, minlength=n)
     return degree
-
-
-def _degree_quantile_labels(
-    rng: np.random.Generator, degree: np.ndarray, num_classes: int
-) -> np.ndarray:
-    """``(n,)`` int64 class ``floor(num_classes * rank / n)`` of each vertex's degree rank.
-
-    Ties in degree are ranked in a uniformly random order: a vertex of degree ``d`` is
-    sorted by ``d + U`` with ``U ~ Uniform[0, 1)`` drawn per vertex.
-    """
-    n = degree.shape[0]
-    order = np.argsort(degree + rng.random(n))
-    labels = np.empty(n, dtype=np.int64)
-    labels[order] = np.arange(n, dtype=np.int64) * num_classes // n
-    return labels
 
 
 def _split_masks(
