@@ -20,6 +20,7 @@ from dgl_scalegnn.data.cache import cache_directory, cache_problem, prepare_cach
 from dgl_scalegnn.data.datasets import dataset_from_graph, load_dataset, source_files
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory
+from dgl_scalegnn.data.synthetic import generate
 from tests.helpers import SHARED_DATA
 
 SHARED_PLANETOID = SHARED_DATA / "planetoid"
@@ -58,7 +59,6 @@ def _check_dtypes(dataset) -> None:
 # ---------------------------------------------------------------- Planetoid (DGL)
 
 
-@pytest.mark.skipif(not SHARED_PLANETOID.is_dir(), reason="shared Cora files are absent")
 def test_cora_from_shared_files_without_download(monkeypatch, tmp_path):
     monkeypatch.setenv("SCALEGNN_DATA_ROOT", str(SHARED_PLANETOID.parent))
     for _ in range(2):  # the second load reads DGL's processed cache
@@ -403,6 +403,5 @@ def test_dataset_from_graph_refuses_unlabelled_vertices_in_a_mask():
 
 
 def test_synthetic_goes_through_the_generator():
-    synthetic = pytest.importorskip("dgl_scalegnn.data.synthetic")
     cfg = DataConfig(name="synthetic", synthetic=SyntheticConfig(num_nodes=300, avg_degree=4.0))
-    assert load_dataset(cfg).num_nodes == synthetic.generate(cfg.synthetic).num_nodes
+    assert load_dataset(cfg).num_nodes == generate(cfg.synthetic).num_nodes
