@@ -51,7 +51,9 @@ KEYS = st.sampled_from(
 )
 
 
-@settings(max_examples=300, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     st.dictionaries(
         st.sampled_from([*SECTIONS, "extra"]),
@@ -68,7 +70,7 @@ def test_any_mapping_is_accepted_or_refused_naming_a_key(mapping):
         assert any(key in message for key in named), message
 
 
-@settings(max_examples=100, derandomize=True)
+@settings(max_examples=100, derandomize=True, deadline=None)
 @given(st.text(alphabet="ab:-[]{}\n 1x,'\"#&*!|>", max_size=40))
 def test_malformed_yaml_is_refused(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("yaml") / "config.yaml"
