@@ -489,7 +489,8 @@ def dropout_keep(row_hash: torch.Tensor, col_hash: torch.Tensor, rate: float) ->
     with probability :math:`1 - p`.
     """
     threshold = min(int(rate * (1 << 32)) - (1 << 31), (1 << 31) - 1)
-    return (row_hash ^ col_hash) * _MIX >= threshold
+    mixed = row_hash ^ col_hash
+    return mixed.mul_(_MIX) >= threshold  # in place: one int32 buffer per mask
 
 
 def dropout_mask(
