@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from dgl_scalegnn.parallel import elementwise
 from dgl_scalegnn.parallel.elementwise import LayerTail
 from dgl_scalegnn.parallel.ops import dropout_mask, hash32
 from dgl_scalegnn.sampling.uniform import mix_seed
@@ -109,10 +110,13 @@ def _tail_by_autograd(x, square_sum, gain, residual, keep, width, eps, rate):
     return x + residual if residual is not None else x
 
 
-@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("kernels", ["eager", "eager in blocks of 4 rows", "compiled"])
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("residual", [False, True])
-def test_tail_values_and_gradients_match_autograd(fuse, norm, residual):
+def test_tail_values_and_gradients_match_autograd(monkeypatch, kernels, norm, residual):
+    fuse = kernels == "compiled"
+    if kernels == "eager in blocks of 4 rows":
+        monkeypatch.setattr(elementwise, "_BLOCK_ELEMENTS", 24)
     generator = torch.Generator().manual_seed(4)
     rows, cols, width, rate, eps = 29, 6, 12, 0.3, 1e-6
     ids = torch.randperm(500, generator=generator)[:rows]

@@ -9,8 +9,9 @@ width, and the dropout mask hashed from global (vertex, column) ids
 (:func:`~dgl_scalegnn.parallel.ops.dropout_mask`). :class:`LayerTail` is one autograd
 function: its forward keeps a one-byte mask of the elements that pass both ReLU and
 dropout, so backward reads the mask instead of hashing again, and the dropout scale is
-folded into the gain. Forward and backward are two plain tensor kernels; with fusion
-on, ``torch.compile`` turns each into one loop, and a compiler failure in either (the
+folded into the gain. Forward and backward are two plain tensor kernels, run eagerly
+block of rows by block of rows (temporaries stay in cache); with fusion on,
+``torch.compile`` turns each into one loop, and a compiler failure in either (the
 backward one is compiled at the first backward) switches the tail to the eager kernels
 for the rest of the run, with one log line.
 """
@@ -26,7 +27,14 @@ import torch
 from dgl_scalegnn.parallel.ops import dropout_hashes, dropout_keep
 from dgl_scalegnn.profiling import Profiler
 
-__all__ = ["hashed_dropout", "tail_forward", "tail_backward", "LayerTail"]
+__all__ = [
+    "hashed_dropout",
+    "tail_forward",
+    "tail_backward",
+    "tail_forward_blocked",
+    "tail_backward_blocked",
+    "LayerTail",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -109,6 +117,78 @@ def tail_backward(
     return grad_x, grad_square_sum, grad_gain
 
 
+#: Rows per eager block: about 4 MB of float32, so that the kernels' temporaries stay in
+#: cache and are served from the allocator's heap instead of fresh (page-faulting) maps.
+_BLOCK_ELEMENTS = 1 << 20
+
+
+def _row_blocks(x: torch.Tensor) -> list[slice]:
+    step = max(1, _BLOCK_ELEMENTS // max(1, x.shape[1]))
+    return [slice(start, start + step) for start in range(0, x.shape[0], step)]
+
+
+def _rows(tensor: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if tensor is None else tensor[rows]
+
+
+def tail_forward_blocked(
+    x: torch.Tensor,
+    inv_rms: torch.Tensor | None,
+    gain: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
+    rate: float,
+    keep_mask: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`tail_forward` block of rows by block of rows (the eager kernel)."""
+    blocks = _row_blocks(x)
+    if len(blocks) == 1:
+        return tail_forward(x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask)
+    y = torch.empty_like(x)
+    live = torch.empty_like(x, dtype=torch.bool) if keep_mask else None
+    for rows in blocks:
+        y[rows], live_rows = tail_forward(
+            x[rows],
+            _rows(inv_rms, rows),
+            gain,
+            _rows(residual, rows),
+            _rows(row_hash, rows),
+            col_hash,
+            rate,
+            keep_mask,
+        )
+        if live is not None:
+            live[rows] = live_rows
+    return y, live
+
+
+def tail_backward_blocked(
+    grad: torch.Tensor,
+    live: torch.Tensor,
+    x: torch.Tensor | None,
+    inv_rms: torch.Tensor | None,
+    gain: torch.Tensor | None,
+    rate: float,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`tail_backward` block of rows by block of rows (the eager kernel)."""
+    blocks = _row_blocks(grad)
+    if len(blocks) == 1:
+        return tail_backward(grad, live, x, inv_rms, gain, rate, width)
+    grad_x = torch.empty_like(grad)
+    grad_square_sum = None if inv_rms is None else torch.empty_like(inv_rms)
+    grad_gain = None
+    for rows in blocks:
+        grad_x[rows], grad_square_sum_rows, grad_gain_rows = tail_backward(
+            grad[rows], live[rows], _rows(x, rows), _rows(inv_rms, rows), gain, rate, width
+        )
+        if grad_square_sum is not None:
+            grad_square_sum[rows] = grad_square_sum_rows
+            grad_gain = grad_gain_rows if grad_gain is None else grad_gain.add_(grad_gain_rows)
+    return grad_x, grad_square_sum, grad_gain
+
+
 class _TailFn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -166,11 +246,15 @@ class LayerTail:
     def __init__(self, fuse: bool) -> None:
         self.fused = fuse
         self._eager: dict[str, Callable[..., Any]] = {
-            "forward": tail_forward,
-            "backward": tail_backward,
+            "forward": tail_forward_blocked,
+            "backward": tail_backward_blocked,
         }
+        # The compiler fuses each whole kernel into one loop: no blocks needed there.
         self._compiled = (
-            {name: torch.compile(kernel, dynamic=True) for name, kernel in self._eager.items()}
+            {
+                "forward": torch.compile(tail_forward, dynamic=True),
+                "backward": torch.compile(tail_backward, dynamic=True),
+            }
             if fuse
             else self._eager
         )
