@@ -48,7 +48,16 @@ def _warm_fusion_cache() -> None:
         gain = torch.ones(6, requires_grad=True).clone()  # a non-leaf, as in the model
         residual = torch.randn(rows, 6, requires_grad=True)
         tail(
-            x, square_sum, gain, residual, torch.arange(rows), torch.tensor(7), 3, 24, 1e-6, 0.2
+            x,
+            square_sum,
+            gain,
+            residual,
+            torch.arange(rows),
+            key=7,
+            col_start=3,
+            width=24,
+            eps=1e-6,
+            rate=0.2,
         ).sum().backward()
     assert tail.fused, "torch.compile failed on this machine"
 

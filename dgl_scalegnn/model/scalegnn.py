@@ -246,7 +246,6 @@ class ParallelScaleGNN(nn.Module):
         if cfg.residual:
             residual = redistribute(layer_input, input_spec, spec.layout, runtime)
         col_start, _ = spec.col_range(grid.shape, grid.coords)
-        key = torch.tensor(mix_seed(self.seed, step, layer), device=hidden.device)
         with runtime.profiler.region("elementwise"):
             return self.layer_tail(
                 hidden,
@@ -254,11 +253,12 @@ class ParallelScaleGNN(nn.Module):
                 gain,
                 residual,
                 spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows)),
-                key,
-                col_start,
-                spec.num_cols,
-                cfg.rms_eps,
-                cfg.dropout if training else 0.0,
+                key=mix_seed(self.seed, step, layer),
+                col_start=col_start,
+                width=spec.num_cols,
+                eps=cfg.rms_eps,
+                rate=cfg.dropout if training else 0.0,
+                profiler=runtime.profiler,
             )
 
     def loss(

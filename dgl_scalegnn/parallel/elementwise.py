@@ -5,88 +5,317 @@
     y = \\mathrm{Dropout}\\big(\\mathrm{ReLU}(x (s / d + \\epsilon)^{-1/2} \\odot \\gamma)\\big) + r
 
 with :math:`s` the row sums of squares (already all-reduced), :math:`d` the global
-width, and the dropout mask hashed from global (vertex, column) ids. It is one pure
-function so that ``torch.compile`` can fuse it (and its backward) into one kernel
-(the paper's kernel fusion); :class:`LayerTail` runs it compiled when asked and falls
-back to eager, with one log line, where compilation fails.
+width, and the dropout mask hashed from global (vertex, column) ids
+(:func:`~dgl_scalegnn.parallel.ops.dropout_mask`). :class:`LayerTail` is one autograd
+function: its forward keeps a one-byte mask of the elements that pass both ReLU and
+dropout, so backward reads the mask instead of hashing again, and the dropout scale is
+folded into the gain. Forward and backward are two plain tensor kernels, run eagerly
+block of rows by block of rows (temporaries stay in cache); with fusion on,
+``torch.compile`` turns each into one loop, and a compiler failure in either (the
+backward one is compiled at the first backward) switches the tail to the eager kernels
+for the rest of the run, with one log line.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from dgl_scalegnn.parallel.ops import dropout_mask
+from dgl_scalegnn.parallel.ops import dropout_hashes, dropout_keep
+from dgl_scalegnn.profiling import Profiler
 
-__all__ = ["hashed_dropout", "layer_tail", "LayerTail"]
+__all__ = [
+    "hashed_dropout",
+    "tail_forward",
+    "tail_backward",
+    "tail_forward_blocked",
+    "tail_backward_blocked",
+    "LayerTail",
+]
 
 _log = logging.getLogger(__name__)
 
 
 def hashed_dropout(
-    x: torch.Tensor,
-    key: int | torch.Tensor,
-    row_ids: torch.Tensor,
-    col_start: int,
-    rate: float,
+    x: torch.Tensor, key: int, row_ids: torch.Tensor, col_start: int, rate: float
 ) -> torch.Tensor:
     """Inverted dropout of a shard whose rows are vertices ``row_ids`` and whose columns
-    start at global column ``col_start``; the mask depends only on global coordinates."""
-    keep = dropout_mask(key, row_ids, col_start, x.shape[1], rate)
-    return x * keep.to(x.dtype) * (1.0 / (1.0 - rate))
+    start at global column ``col_start``; the mask depends only on global coordinates.
+
+    >>> x = torch.ones(4, 3)
+    >>> y = hashed_dropout(x, key=5, row_ids=torch.arange(4), col_start=0, rate=0.5)
+    >>> sorted(set(y.flatten().tolist())) in ([0.0, 2.0], [2.0])
+    True
+    """
+    row_hash, col_hash = dropout_hashes(key, row_ids, col_start, x.shape[1])
+    return torch.where(dropout_keep(row_hash, col_hash, rate), x * (1.0 / (1.0 - rate)), 0.0)
 
 
-def layer_tail(
+def tail_forward(
     x: torch.Tensor,
-    square_sum: torch.Tensor | None,
+    inv_rms: torch.Tensor | None,
     gain: torch.Tensor | None,
     residual: torch.Tensor | None,
-    row_ids: torch.Tensor,
-    dropout_key: torch.Tensor,
-    col_start: int,
-    width: int,
-    eps: float,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
     rate: float,
-) -> torch.Tensor:
-    """``(rows, cols)`` local shard in, same shape out (see the module docstring).
+    keep_mask: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The tail's forward kernel: ``(y, live)``.
 
-    ``square_sum``/``gain`` are ``None`` without RMSNorm, ``residual`` ``None`` without
-    the residual, ``rate`` 0 without dropout; ``dropout_key`` is a 0-dim int64 tensor
-    (a tensor, so that a compiled tail does not recompile for every step).
+    ``inv_rms`` ``(rows, 1)`` and ``gain`` ``(cols,)`` are ``None`` without RMSNorm,
+    ``residual`` ``None`` without the residual, ``row_hash`` ``(rows, 1)`` and
+    ``col_hash`` ``(1, cols)`` ``None`` without dropout (``rate`` 0). ``live`` (bool,
+    ``(rows, cols)``, only if ``keep_mask``) marks the elements that pass ReLU and
+    dropout: the tail's derivative there is ``inv_rms * gain / (1 - rate)``, elsewhere 0.
     """
-    if square_sum is not None:
-        x = x * torch.rsqrt(square_sum / width + eps) * gain
-    x = torch.relu(x)
+    scale = 1.0 / (1.0 - rate)
+    if inv_rms is not None:
+        # A positive scale commutes with ReLU: fold the dropout scale into the gain.
+        z = x * inv_rms
+        z.mul_(gain * scale).relu_()
+    else:
+        z = torch.relu(x)
+        if rate > 0:
+            z.mul_(scale)
     if rate > 0:
-        x = hashed_dropout(x, dropout_key, row_ids, col_start, rate)
+        z.mul_(dropout_keep(row_hash, col_hash, rate))
+    live = z > 0 if keep_mask else None
     if residual is not None:
-        x = x + residual
-    return x
+        z = z.add_(residual)
+    return z, live
+
+
+def tail_backward(
+    grad: torch.Tensor,
+    live: torch.Tensor,
+    x: torch.Tensor | None,
+    inv_rms: torch.Tensor | None,
+    gain: torch.Tensor | None,
+    rate: float,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The tail's backward kernel: gradients of ``x``, the square sums and the gain.
+
+    With :math:`g' = g \\odot \\mathrm{live} / (1 - p)` and :math:`n = x\\, r` (``r`` the
+    inverse RMS): :math:`\\partial x = g' \\gamma r`,
+    :math:`\\partial \\gamma = \\sum_{rows} g' n` and
+    :math:`\\partial s = -\\frac{r^3}{2d} \\sum_{cols} g' \\gamma x` (``None`` for the
+    last two without RMSNorm). The column and row sums are matrix-vector products.
+    """
+    scale = 1.0 / (1.0 - rate)
+    masked = grad * live
+    if inv_rms is None:
+        return (masked.mul_(scale) if rate > 0 else masked), None, None
+    gx = masked * x
+    grad_gain = (inv_rms.reshape(1, -1) @ gx).reshape(-1) * scale
+    grad_square_sum = (gx @ (gain * scale)).reshape(-1, 1) * inv_rms.pow(3) * (-0.5 / width)
+    grad_x = masked.mul_(gain * scale).mul_(inv_rms)
+    return grad_x, grad_square_sum, grad_gain
+
+
+#: Rows per eager block: about 4 MB of float32, so that the kernels' temporaries stay in
+#: cache and are served from the allocator's heap instead of fresh (page-faulting) maps.
+_BLOCK_ELEMENTS = 1 << 20
+
+
+def _row_blocks(x: torch.Tensor) -> list[slice]:
+    step = max(1, _BLOCK_ELEMENTS // max(1, x.shape[1]))
+    return [slice(start, start + step) for start in range(0, x.shape[0], step)]
+
+
+def _rows(tensor: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if tensor is None else tensor[rows]
+
+
+def tail_forward_blocked(
+    x: torch.Tensor,
+    inv_rms: torch.Tensor | None,
+    gain: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
+    rate: float,
+    keep_mask: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`tail_forward` block of rows by block of rows (the eager kernel)."""
+    blocks = _row_blocks(x)
+    if len(blocks) == 1:
+        return tail_forward(x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask)
+    y = torch.empty_like(x)
+    live = torch.empty_like(x, dtype=torch.bool) if keep_mask else None
+    for rows in blocks:
+        y[rows], live_rows = tail_forward(
+            x[rows],
+            _rows(inv_rms, rows),
+            gain,
+            _rows(residual, rows),
+            _rows(row_hash, rows),
+            col_hash,
+            rate,
+            keep_mask,
+        )
+        if live is not None:
+            live[rows] = live_rows
+    return y, live
+
+
+def tail_backward_blocked(
+    grad: torch.Tensor,
+    live: torch.Tensor,
+    x: torch.Tensor | None,
+    inv_rms: torch.Tensor | None,
+    gain: torch.Tensor | None,
+    rate: float,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`tail_backward` block of rows by block of rows (the eager kernel)."""
+    blocks = _row_blocks(grad)
+    if len(blocks) == 1:
+        return tail_backward(grad, live, x, inv_rms, gain, rate, width)
+    grad_x = torch.empty_like(grad)
+    grad_square_sum = None if inv_rms is None else torch.empty_like(inv_rms)
+    grad_gain = None
+    for rows in blocks:
+        grad_x[rows], grad_square_sum_rows, grad_gain_rows = tail_backward(
+            grad[rows], live[rows], _rows(x, rows), _rows(inv_rms, rows), gain, rate, width
+        )
+        if grad_square_sum is not None:
+            grad_square_sum[rows] = grad_square_sum_rows
+            grad_gain = grad_gain_rows if grad_gain is None else grad_gain.add_(grad_gain_rows)
+    return grad_x, grad_square_sum, grad_gain
+
+
+class _TailFn(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        square_sum: torch.Tensor | None,
+        gain: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        row_hash: torch.Tensor | None,
+        col_hash: torch.Tensor | None,
+        tail: LayerTail,
+        profiler: Profiler,
+        width: int,
+        eps: float,
+        rate: float,
+    ):
+        inv_rms = None if square_sum is None else torch.rsqrt(square_sum / width + eps)
+        y, live = tail.run(
+            "forward", x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask=True
+        )
+        ctx.save_for_backward(live, *((x, inv_rms, gain) if inv_rms is not None else ()))
+        ctx.tail, ctx.profiler, ctx.width, ctx.rate = tail, profiler, width, rate
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        live, *norm = ctx.saved_tensors
+        x, inv_rms, gain = norm if norm else (None, None, None)
+        with ctx.profiler.region("elementwise"):
+            grad_x, grad_square_sum, grad_gain = ctx.tail.run(
+                "backward", grad.contiguous(), live, x, inv_rms, gain, ctx.rate, ctx.width
+            )
+        grad_residual = grad if ctx.needs_input_grad[3] else None
+        return grad_x, grad_square_sum, grad_gain, grad_residual, *([None] * 7)
 
 
 class LayerTail:
-    """:func:`layer_tail`, eager or fused by ``torch.compile``.
+    """The layer tail as one autograd function, on eager or compiled kernels.
 
     Parameters
     ----------
     fuse : bool
-        Compile on first use (dynamic shapes: batch rows change every step).
+        Compile the forward and backward kernels on first use (dynamic shapes: the
+        batch rows change every step); eager when ``False`` or when compiling fails.
+    Examples
+    --------
+    >>> tail = LayerTail(fuse=False)
+    >>> x = torch.randn(5, 4, requires_grad=True)
+    >>> y = tail(x, (x * x).sum(1, keepdim=True), torch.ones(4), None, torch.arange(5),
+    ...          key=3, col_start=0, width=4, eps=1e-6, rate=0.25)
+    >>> y.sum().backward(); x.grad.shape
+    torch.Size([5, 4])
     """
 
     def __init__(self, fuse: bool) -> None:
         self.fused = fuse
-        self._function: Callable[..., torch.Tensor] = (
-            torch.compile(layer_tail, dynamic=True) if fuse else layer_tail
+        self._eager: dict[str, Callable[..., Any]] = {
+            "forward": tail_forward_blocked,
+            "backward": tail_backward_blocked,
+        }
+        # The compiler fuses each whole kernel into one loop: no blocks needed there.
+        self._compiled = (
+            {
+                "forward": torch.compile(tail_forward, dynamic=True),
+                "backward": torch.compile(tail_backward, dynamic=True),
+            }
+            if fuse
+            else self._eager
         )
 
-    def __call__(self, *args, **kwargs) -> torch.Tensor:
-        if not self.fused:
-            return layer_tail(*args, **kwargs)
-        try:
-            return self._function(*args, **kwargs)
-        except Exception as error:  # any compiler failure means: run eager
-            _log.warning("kernel fusion unavailable, running the layer tail eagerly: %s", error)
-            self.fused = False
-            return layer_tail(*args, **kwargs)
+    def run(self, kernel: str, *args: Any, **kwargs: Any) -> Any:
+        """Run the compiled ``kernel`` (``"forward"``/``"backward"``), or the eager one."""
+        if self.fused:
+            try:
+                return self._compiled[kernel](*args, **kwargs)
+            except Exception as error:  # any compiler failure means: run eager
+                _log.warning(
+                    "kernel fusion unavailable, running the layer tail eagerly (%s failed): %s",
+                    kernel,
+                    error,
+                )
+                self.fused = False
+        return self._eager[kernel](*args, **kwargs)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        square_sum: torch.Tensor | None,
+        gain: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        row_ids: torch.Tensor,
+        *,
+        key: int,
+        col_start: int,
+        width: int,
+        eps: float,
+        rate: float,
+        profiler: Profiler | None = None,
+    ) -> torch.Tensor:
+        """``(rows, cols)`` local shard in, same shape out (see the module docstring).
+
+        ``square_sum`` ``(rows, 1)``/``gain`` ``(cols,)`` are ``None`` without RMSNorm,
+        ``residual`` ``None`` without the residual, ``rate`` 0 without dropout; ``key``
+        (seed, step and layer mixed) enters only the per-row and per-column hashes, so a
+        compiled kernel never recompiles for a new step. ``profiler`` charges the
+        backward kernel to ``elementwise`` (the caller times the forward).
+        """
+        row_hash = col_hash = None
+        if rate > 0:
+            row_hash, col_hash = dropout_hashes(key, row_ids, col_start, x.shape[1])
+        tensors = (x, square_sum, gain, residual)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+            return _TailFn.apply(
+                x,
+                square_sum,
+                gain,
+                residual,
+                row_hash,
+                col_hash,
+                self,
+                profiler if profiler is not None else Profiler(enabled=False),
+                width,
+                eps,
+                rate,
+            )
+        inv_rms = None if square_sum is None else torch.rsqrt(square_sum / width + eps)
+        y, _ = self.run(
+            "forward", x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask=False
+        )
+        return y

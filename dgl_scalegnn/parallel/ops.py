@@ -40,6 +40,8 @@ __all__ = [
     "parallel_cross_entropy",
     "parallel_bce",
     "parallel_argmax",
+    "dropout_hashes",
+    "dropout_keep",
     "dropout_mask",
     "hash32",
 ]
@@ -434,34 +436,73 @@ def parallel_argmax(logits: torch.Tensor, spec: ShardSpec, runtime: Runtime) -> 
 
 
 # --------------------------------------------------------------------------- dropout
-_MASK32 = 0xFFFFFFFF
+_MIX = 0x45D9F3B  # odd, so multiplying by it permutes the 32-bit integers
+
+
+def _unsigned_shift16(x: torch.Tensor) -> torch.Tensor:
+    """``x >> 16`` of int32 ``x`` read as unsigned (torch shifts int32 arithmetically)."""
+    return (x >> 16) & 0xFFFF
+
+
+def _int32(value: int) -> int:
+    """The low 32 bits of ``value`` as a signed 32-bit integer (what an int32 tensor holds)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mixer on int64 tensors holding values in ``[0, 2^32)``.
+    """A 32-bit integer mixer (two multiply-xorshift rounds) on int32 tensors.
 
-    Multipliers stay below :math:`2^{31}` so products fit int64 without overflow.
+    Multiplication wraps modulo :math:`2^{32}` (two's complement), shifts are logical:
+    the result is the unsigned 32-bit hash of the bits of ``x``, stored as int32.
+
+    >>> hash32(torch.tensor([0, 1], dtype=torch.int32)).dtype
+    torch.int32
     """
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
-    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
-    return (x >> 16) ^ x
+    x = (_unsigned_shift16(x) ^ x) * _MIX
+    x = (_unsigned_shift16(x) ^ x) * _MIX
+    return _unsigned_shift16(x) ^ x
+
+
+def dropout_hashes(
+    key: int, row_ids: torch.Tensor, col_start: int, num_cols: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row ``(rows, 1)`` and per-column ``(1, num_cols)`` int32 hashes of a shard.
+
+    ``key`` mixes the seed, step and layer (a Python int: it reaches the device as a
+    kernel argument, not as a copy); its low 32 bits salt the rows, its high bits the
+    columns. Row ids are global vertex ids (below :math:`2^{31}`).
+    """
+    rows = row_ids.to(torch.int32).reshape(-1, 1)
+    row_hash = hash32(rows ^ _int32(key))
+    cols = torch.arange(num_cols, dtype=torch.int32, device=row_ids.device).reshape(1, -1)
+    col_hash = hash32(hash32(cols + _int32(col_start + (key >> 32))))
+    return row_hash, col_hash
+
+
+def dropout_keep(row_hash: torch.Tensor, col_hash: torch.Tensor, rate: float) -> torch.Tensor:
+    """Keep-mask from :func:`dropout_hashes`: one multiply per element mixes the pair.
+
+    The product :math:`h = (r_i \\oplus c_j) \\cdot m \\bmod 2^{32}`, read as a signed
+    int32, is uniform on :math:`[-2^{31}, 2^{31})` (``m`` odd permutes the integers);
+    an element is kept when :math:`h \\ge -2^{31} + \\lfloor p\\, 2^{32} \\rfloor`, i.e.
+    with probability :math:`1 - p`.
+    """
+    threshold = min(int(rate * (1 << 32)) - (1 << 31), (1 << 31) - 1)
+    mixed = row_hash ^ col_hash
+    return mixed.mul_(_MIX) >= threshold  # in place: one int32 buffer per mask
 
 
 def dropout_mask(
-    key: int | torch.Tensor, row_ids: torch.Tensor, col_start: int, num_cols: int, rate: float
+    key: int, row_ids: torch.Tensor, col_start: int, num_cols: int, rate: float
 ) -> torch.Tensor:
     """Keep-mask ``(len(row_ids), num_cols)`` as a hash of (key, global row, global column).
 
-    ``key`` (an int or a 0-dim int64 tensor) mixes the seed, step and layer; the mask
-    of an element depends only on its global coordinates, so it is the same on every
-    grid shape.
+    ``key`` (an int) mixes the seed, step and layer; the mask of an element depends only
+    on its global coordinates, so it is the same on every grid shape.
+
+    >>> mask = dropout_mask(7, torch.arange(100), 0, 50, rate=0.2)
+    >>> mask.shape, 0.75 < mask.float().mean().item() < 0.85
+    (torch.Size([100, 50]), True)
     """
-    key = key & _MASK32
-    row_hash = hash32((row_ids.to(torch.int64) & _MASK32) ^ key).unsqueeze(1)
-    cols = torch.arange(col_start, col_start + num_cols, dtype=torch.int64, device=row_ids.device)
-    col_hash = hash32(hash32((cols + key) & _MASK32)).unsqueeze(0)
-    # Both halves are fully mixed; one multiply-xorshift round mixes the pair (the
-    # per-element work is what dominates dropout on CPU).
-    mixed = (row_hash ^ col_hash) * 0x45D9F3B & _MASK32
-    threshold = int(rate * (1 << 32))
-    return (mixed ^ (mixed >> 16)) >= threshold
+    return dropout_keep(*dropout_hashes(key, row_ids, col_start, num_cols), rate)

@@ -174,45 +174,61 @@ class Trainer:
             vertices = sample_vertices(self.num_nodes, self.cfg.sampling.batch_size, seed)
             return self.store.batch(vertices.to(self.device), global_step)
 
-    def _all_finite(self, loss: torch.Tensor) -> bool:
-        """Whether loss and every gradient are finite on every rank (agreed by all)."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+    @staticmethod
+    def _nonfinite_flag(loss: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
+        """0-dim float: 1 if this rank's loss or a gradient is NaN or infinite, else 0."""
         # The norm of all gradients is finite exactly when every entry is (one fused pass).
         norm = torch.nn.utils.get_total_norm(grads) if grads else loss.new_zeros(())
-        bad = float(not (torch.isfinite(loss) and torch.isfinite(norm)))
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            flag = torch.tensor([bad], device=loss.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            bad = float(flag)
-        return bad == 0
+        return (~(torch.isfinite(loss.detach()) & torch.isfinite(norm))).float().reshape(())
 
-    def _average_gradients(self, loss: torch.Tensor) -> float:
-        """Average gradients (and the loss, for logging) over the DP group in one call."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
+    def _average_gradients(self, loss: torch.Tensor) -> torch.Tensor:
+        """Average gradients over the DP group; returns ``[mean loss, non-finite flag]``.
+
+        The loss and this rank's :meth:`_nonfinite_flag` ride in the gradient all-reduce
+        (no collective of their own): afterwards the flag is non-zero on every rank of
+        the DP group as soon as one of them saw a non-finite value.
+        """
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        status = torch.stack((loss.detach().float().reshape(()), self._nonfinite_flag(loss, grads)))
         dp = self.grid.dp_group
         if dp.size == 1:
-            return float(loss.detach())
-        flat = torch.cat([p.grad.reshape(-1) for p in params] + [loss.detach().reshape(1)])
+            return status
+        flat = torch.cat([g.reshape(-1) for g in grads] + [status])
         flat = all_reduce(flat, dp, self.runtime.profiler, component="dp_allreduce")
         flat /= dp.size
         offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
-        return float(flat[-1])
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+        return flat[offset:].float()
 
     def train_step(self, batch: RankBatch) -> float:
-        """Forward, backward, DP average and one optimizer step; returns the mean loss."""
+        """Forward, backward, DP average and one optimizer step; returns the mean loss.
+
+        Reads the device once (loss and non-finite flag together). With
+        ``on_nonfinite: stop`` the rank that finds a non-finite value raises
+        :class:`NonFiniteError`; in a multi-process run the watchdog then stops the
+        other ranks with that message, so no collective is needed for it.
+        """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         logits, spec = self.model(batch, training=True)
         loss = self.model.loss(logits, spec, batch, "train")
         loss.backward()
-        mean_loss = self._average_gradients(loss)
-        if not self._all_finite(loss):
+        status = self._average_gradients(loss)
+        skip = self.cfg.train.on_nonfinite == "skip"
+        if skip and dist.is_initialized() and dist.get_world_size() > 1:
+            # Skipping must be unanimous (a rank that stepped alone would leave its
+            # shards out of step with the others), and ranks of other grid positions
+            # do not share this gradient: one 1-element all-reduce, under skip only.
+            flag = status[1:].contiguous()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            status = torch.cat((status[:1], flag))
+        mean_loss, nonfinite = status.tolist()  # the step's one host synchronisation
+        if nonfinite:
             where = f"epoch {self.progress.epoch} step {self.progress.step_in_epoch}"
             where += f" (global step {batch.step})"
-            if self.cfg.train.on_nonfinite == "stop":
+            if not skip:
                 raise NonFiniteError(
                     f"non-finite loss or gradient at {where}; training stopped, the last "
                     "checkpoint is intact (set train.on_nonfinite=skip to skip such steps)"
