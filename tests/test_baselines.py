@@ -10,6 +10,7 @@ import benchmarks.baselines  # noqa: F401  (before torch: sets OMP_WAIT_POLICY)
 
 # isort: split
 
+import itertools
 import subprocess
 import time
 
@@ -209,6 +210,78 @@ def test_run_epochs_books_training_time_without_evaluation() -> None:
     assert [r["epoch"] for r in stopped["history"]] == [1, 2]
     never = training.summarise(history, 0.95)
     assert never["time_to_target_s"] is None
+
+
+class _ScriptedSteps(training.MiniBatchBaseline):
+    """Steps of 10 time units, evaluations of 50, on a fake clock; three steps an epoch."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.steps = 0
+        self.epochs = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def batches(self):
+        self.epochs += 1
+        return iter(range(3))
+
+    def train_step(self, batch) -> None:
+        self.now += 10.0
+        self.steps += 1
+
+    def loss(self, batch):  # pragma: no cover - train_step is replaced
+        raise AssertionError
+
+    def predict(self, ids):  # pragma: no cover - evaluate is replaced
+        raise AssertionError
+
+    def evaluate(self) -> tuple[float, float]:
+        self.now += 50.0
+        return self.steps / 100, self.steps / 100
+
+
+def test_eval_schedule_is_log_spaced_and_ends_at_the_budget() -> None:
+    times = training.eval_schedule(10.0, 5)
+    assert times[-1] == pytest.approx(10.0)
+    assert times[0] == pytest.approx(2.5)
+    ratios = [b / a for a, b in itertools.pairwise(times)]
+    assert ratios == pytest.approx([2**0.5] * 4)
+    with pytest.raises(ValueError, match="budget_s"):
+        training.eval_schedule(0.0, 3)
+
+
+def test_run_for_seconds_books_steps_and_training_time_without_evaluation(
+    monkeypatch,
+) -> None:
+    baseline = _ScriptedSteps()
+    monkeypatch.setattr(training.time, "perf_counter", baseline.clock)
+    result = training.run_for_seconds(baseline, 200.0, [45.0, 100.0, 100.0], steps_per_epoch=3)
+    history = result["history"]
+    # evaluations after the steps passing 45 and 100 (one for both 100s) and the last
+    assert [r["step"] for r in history] == [5, 10, 20]
+    assert [r["train_s"] for r in history] == [50.0, 100.0, 200.0]  # evaluation excluded
+    assert [r["epoch"] for r in history] == pytest.approx([5 / 3, 10 / 3, 20 / 3])
+    assert [r["eval_s"] for r in history] == [50.0, 50.0, 50.0]
+    assert [r["test_acc"] for r in history] == [0.05, 0.1, 0.2]
+    assert baseline.steps == 20 and baseline.epochs == 7  # epochs restart as needed
+    assert result["best_val_acc"] == 0.2
+
+
+def test_sampled_inference_is_the_model_on_full_neighbourhoods_when_fanout_covers_them(
+    small,
+) -> None:
+    """With fan-outs above every in-degree, sampled inference is exact (dense oracle)."""
+    graph, features = small.graph, small.graph.ndata["feat"]
+    torch.manual_seed(0)
+    model = graphsage.SAGE(small.num_features, 16, small.num_classes, 2, 0.0).eval()
+    ids = torch.tensor([5, 0, 17, 2999])
+    big = int(graph.in_degrees().max()) + 1
+    with torch.no_grad():
+        actual = graphsage.sampled_inference(model, graph, features, ids, [big, big], 3)
+        expected = graphsage.layerwise_inference(model, graph, features, ids, -1, 500)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_sweep_picks_best_mean_validation(small) -> None:
