@@ -152,7 +152,7 @@ def markdown(payload: Mapping[str, Any]) -> str:
         "",
         f"{plan['num_nodes']:,} vertices per graph, B = {plan['batch_size']:,}; "
         f"{plan['budget_s']:.0f} s of training per run (evaluation excluded), seeds "
-        f"{list(plan['seeds'])}; quick mode: {plan['quick']}; run time "
+        f"{list(plan['seeds'])}; quick mode: {plan.get('quick')}; run time "
         f"{payload['minutes']:.1f} min. Made by `make bench-scale` (benchmarks/bench_scale.py).",
     ]
     for name, report in payload["graphs"].items():
@@ -233,10 +233,16 @@ def write(payload: Mapping[str, Any], results_path: Path) -> None:
                     markersize=3,
                     label=method if seed_index == 0 else None,
                 )
+        axis.set_xscale("log")
         for label, target in payload["analysis"][name]["targets"].items():
             axis.axhline(target, color="grey", linewidth=0.6, linestyle=":")
-            axis.text(axis.get_xlim()[0], target, f" {label}", fontsize=7, va="bottom")
-        axis.set_xscale("log")
+            axis.annotate(
+                f"{label} of best",
+                (0.0, target),
+                xycoords=("axes fraction", "data"),
+                fontsize=7,
+                va="bottom",
+            )
         axis.set_xlabel("training seconds (evaluation excluded)")
         axis.set_ylabel("test accuracy")
         axis.set_title(f"{name}, {report['num_nodes']:,} vertices")

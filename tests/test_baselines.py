@@ -323,3 +323,64 @@ def test_distdgl_two_trainers_smoke(tmp_path) -> None:
     assert [r["epoch"] for r in result["history"]] == [1, 2, 3]
     assert result["test_at_best_val"] > 0.4  # 4 classes
     assert not _worker_processes(str(tmp_path))
+
+
+# --------------------------------------------------------------------------------------
+# The scale benchmark's report: targets, times to target and ratios from the runs
+# --------------------------------------------------------------------------------------
+
+
+def _run(points: list[tuple[int, float, float]], eval_s: float, rss: list[float]) -> dict:
+    """A run whose evaluations are ``(step, train_s, test_acc)``."""
+    history = [
+        {"step": s, "epoch": s / 10, "train_s": t, "val_acc": a, "test_acc": a, "eval_s": eval_s}
+        for s, t, a in points
+    ]
+    return {
+        **training.summarise(history, None),
+        "step_s": points[-1][1] / points[-1][0],
+        "max_rss_mb": rss,
+    }
+
+
+def test_scale_report_targets_and_ratios_follow_the_histories() -> None:
+    from benchmarks import bench_scale, scale_report
+
+    ours_1, ours_8, saint_b, saint_best, sage, dist = bench_scale.METHODS
+    runs = {
+        ours_1: [_run([(5, 10.0, 0.5), (10, 20.0, 0.76), (20, 40.0, 0.80)], 2.0, [900.0])],
+        ours_8: [_run([(5, 4.0, 0.5), (10, 8.0, 0.79), (20, 16.0, 0.80)], 1.0, [200.0] * 8)],
+        saint_b: [_run([(5, 5.0, 0.7), (10, 10.0, 0.77)], 3.0, [800.0])],
+        saint_best: [_run([(50, 30.0, 0.78)], 3.0, [700.0])],
+        sage: [
+            {
+                **_run([(100, 5.0, 0.6), (400, 30.0, 0.76), (800, 60.0, 0.79)], 4.0, [600.0]),
+                "sampled_eval_s": 40.0,
+            }
+        ],
+        dist: [_run([(100, 20.0, 0.77)], 8.0, [300.0] * 8)],
+    }
+    analysis = scale_report.analyse({"runs": runs})
+    assert analysis["best_test_acc"] == pytest.approx(0.80)
+    assert analysis["targets"] == pytest.approx({"95%": 0.76, "99%": 0.792})
+    to_95 = analysis["methods"][ours_1]["to_target"]["95%"]
+    assert (to_95["seconds"], to_95["steps"], to_95["reached"]) == (20.0, 10, "1/1")
+    assert analysis["methods"][saint_b]["to_target"]["99%"]["seconds"] is None
+    speed = analysis["speedup_to_target"]["95%"]
+    # fastest 1-process peer to 0.76: GraphSAINT at B after 10 s; ours 20 s
+    assert speed["1 process"] == {"fastest_peer": saint_b, "ratio": pytest.approx(0.5)}
+    assert speed["8 processes"]["ratio"] == pytest.approx(20.0 / 8.0)
+    assert analysis["speedup_to_target"]["99%"]["8 processes"]["ratio"] is None  # never
+    evaluation = analysis["eval_speedup"]
+    assert evaluation["neighbour-sampled (GraphSAGE) / ours"] == pytest.approx(20.0)
+    assert evaluation["layer-wise full-neighbour (GraphSAGE) / ours"] == pytest.approx(2.0)
+    assert analysis["methods"][ours_8]["max_rss_mb"] == [200.0] * 8
+    text = scale_report.markdown(
+        {
+            "plan": {"num_nodes": 100, "batch_size": 10, "budget_s": 60, "seeds": [0]},
+            "minutes": 1.0,
+            "graphs": {"g": {"config": "c.yaml", "setup_s": {}, "sweeps": {}, "runs": runs}},
+            "analysis": {"g": analysis},
+        }
+    )
+    assert "0.50x (slower; paper >= 1.4x)" in text and "not reached" in text
