@@ -11,6 +11,7 @@ import benchmarks.baselines  # noqa: F401  (before torch: sets OMP_WAIT_POLICY)
 # isort: split
 
 import itertools
+import json
 import subprocess
 import time
 
@@ -384,3 +385,36 @@ def test_scale_report_targets_and_ratios_follow_the_histories() -> None:
         }
     )
     assert "0.50x (slower; paper >= 1.4x)" in text and "not reached" in text
+
+
+def test_projection_uses_the_epochs_to_the_papers_target_measured_here(tmp_path) -> None:
+    from benchmarks import bench_projection
+
+    best = 0.813
+    history = [
+        {"step": 10, "epoch": 1.0, "train_s": 5.0, "val_acc": 0.7, "test_acc": 0.70},
+        {"step": 30, "epoch": 3.0, "train_s": 15.0, "val_acc": 0.8, "test_acc": 0.79},
+        {"step": 50, "epoch": 5.0, "train_s": 25.0, "val_acc": 0.81, "test_acc": best},
+    ]
+    payload = {
+        "graphs": {
+            "products-like": {
+                "num_nodes": 1000,
+                "runs": {"dgl_scalegnn, 1x2x2x2": [{"history": history}]},
+            }
+        },
+        "analysis": {"products-like": {"best_test_acc": best}},
+    }
+    path = tmp_path / "bench_scale.json"
+    assert bench_projection.measured_epochs_to_target(path) is None  # not run yet
+    path.write_text(json.dumps(payload))
+    measured = bench_projection.measured_epochs_to_target(path)
+    assert measured["target_acc"] == pytest.approx(0.79)  # 79% of the paper's 81.3%
+    assert measured["epochs"] == 3.0
+    rows = bench_projection.project(
+        bench_projection.PRODUCTS, bench_projection.PRODUCTS_POINTS, measured["epochs"]
+    )
+    assert rows[0]["paper_time_to_target_s"] == 7.83
+    assert rows[0]["projected_time_to_target_s"] == pytest.approx(
+        3.0 * rows[0]["projected_epoch_s"]
+    )
