@@ -36,6 +36,12 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
     assert (cfg.model.layers, cfg.model.norm, cfg.model.residual) == (2, False, False)
 
 
+def test_products_size_config_is_the_preset_at_ogbn_products_size() -> None:
+    cfg = load_config(ROOT / "yaml/products-like-2m.yaml")
+    assert cfg.data.synthetic == scale_presets.preset("products-like", 2_449_029)
+    assert cfg.sampling.batch_size == 245_000
+
+
 def test_products_like_has_the_shape_of_ogbn_products() -> None:
     cfg = scale_presets.preset("products-like")
     assert (cfg.avg_degree, cfg.num_features, cfg.num_classes) == (50.0, 100, 47)
