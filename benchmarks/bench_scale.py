@@ -258,7 +258,9 @@ def prepare_graph(name: str, p: Plan, work: Path) -> Graph:
         dgl.save_graphs(str(dgl_file), [dataset.graph])
         setup["generate_and_save_s"] = time.perf_counter() - start
         argv = [sys.executable, "-m", "dgl_scalegnn.cli", "prepare", "--config", config_file]
-        argv += ["--set", f"data.synthetic.num_nodes={p.num_nodes}", "--out", str(prepared)]
+        for key, value in dataclasses.asdict(cfg).items():  # exactly the peers' graph
+            argv += ["--set", f"data.synthetic.{key}={str(value).lower()}"]
+        argv += ["--out", str(prepared)]
         setup["prepare_s"] = _run(argv, base / "prepare.log", 2, 3600)
         parts = 8 if distdgl.isolation_available() else 1
         method = os.environ.get("SCALEGNN_BENCH_SCALE_PART", "metis")

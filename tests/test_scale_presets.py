@@ -22,8 +22,9 @@ SMALL = 20_000
 #: The probe's band at 20,000 vertices. The sparse graph's accuracy hardly depends on
 #: the size (probe: 0.787 at 20k, 0.793 at 100k), so the benchmark's band applies. On
 #: the products-like graph the probe's 30 full-graph epochs underfit 47 classes from
-#: 6,000 labels, and accuracy rises with the size (measured in the preset's docstring):
-#: the lower bound is relaxed there, the upper bound (not trivially easy) is not.
+#: 6,000 labels (0.692 at 20k), and accuracy rises with the size (the preset's
+#: docstring): the lower bound is relaxed there, the upper bound (not trivially easy)
+#: is not.
 SMALL_BAND = {"sparse": scale_presets.BAND, "products-like": (0.55, scale_presets.BAND[1])}
 
 
