@@ -20,7 +20,7 @@ preset         setting                        20k       100k
 ============== ============================== ========= ==========
 sparse         noise 7 (chosen)               0.787     0.793
 sparse         noise 5 (default)                        0.883 [*]_
-products-like  exponent 2.3, noise 9 (chosen)  0.692
+products-like  exponent 2.3, noise 9 (chosen)  0.692     0.816
 products-like  exponent 2.3, noise 7                    0.907
 products-like  exponent 2.1, noise 6                    0.803
 products-like  exponent 2.1, noise 8          0.570     0.659
