@@ -227,7 +227,7 @@ def _summary(results: dict[str, Any], minutes: float) -> str:
         + _epochs_text(results.get("projection_epochs")),
     ]
     if results.get("scale") is not None:
-        lines += ["", scale_report.markdown(results["scale"]).replace("\n#", "\n##").lstrip("#")]
+        lines += ["", "#" + scale_report.markdown(results["scale"]).replace("\n#", "\n##")]
     elif (RESULTS / "bench_scale.md").exists():
         lines += [
             "",
