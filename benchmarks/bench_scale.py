@@ -493,7 +493,9 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
     for seed in p.seeds:
         for processes, probe in ((1, ours["result"]), (8, ours_8_probe)):
             rest = max(0.0, p.budget_s - probe["first_step_s"])
-            max_steps = max(2, 1 + round(rest / probe["steady_step_s"]))
+            # at least one step per evaluation: a warm-up longer than the budget
+            # (8 ranks, small graphs) still leaves a curve
+            max_steps = max(p.eval_rounds, 1 + round(rest / probe["steady_step_s"]))
             every = max(1, max_steps // p.eval_rounds)
             result = run_ours(
                 graph, p, ours["settings"], seed, processes, max_steps, every, log_dir
