@@ -10,7 +10,9 @@ under 20 minutes on 2 cores; ``SCALEGNN_BENCH_QUICK=0`` runs the full sizes. Res
 2. scaling at 1, 2, 4, 8 processes, with DistDGL at the same counts;
 3. the optimisation ablation on 2x2x2 (and 2x2x2x2 in full mode);
 4. sampling against dgl.node_subgraph / SAINTSampler, and the local SpMM kernels;
-5. the performance model's projection to the paper's GPU counts.
+5. the performance model's projection to the paper's GPU counts;
+6. in full mode, the scale benchmark (``make bench-scale``: accuracy against training
+   seconds at 1M vertices), whose epochs to target the projection uses.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from benchmarks import (
     bench_optimizations,
     bench_projection,
     bench_sampling,
+    bench_scale,
     bench_scaling,
     bench_spmm,
+    scale_report,
 )
 from benchmarks.baselines import run_peers
 from benchmarks.common import RESULTS, quick_mode, write_results
@@ -189,13 +193,26 @@ def _summary(results: dict[str, Any], minutes: float) -> str:
     )
     lines += _table(
         "Projection to the paper's machines (performance model, see bench_projection.py)",
-        ["dataset", "GPUs", "grid", "projected epoch, ms", "projected speedup", "paper"],
+        [
+            "dataset",
+            "GPUs",
+            "grid",
+            "projected epoch, ms",
+            "paper epoch, ms",
+            "projected time to target, s",
+            "paper time to target, s",
+            "projected speedup",
+            "paper",
+        ],
         [
             [
                 name,
                 r["gpus"],
                 r["grid"],
                 f"{r['projected_epoch_s'] * 1e3:.1f}",
+                _scaled(r["paper_epoch_s"], 1e3, 0),
+                _scaled(r["projected_time_to_target_s"], 1, 2),
+                _scaled(r["paper_time_to_target_s"], 1, 2),
                 f"{r['projected_speedup']:.1f}x",
                 r["paper"],
             ]
@@ -203,7 +220,35 @@ def _summary(results: dict[str, Any], minutes: float) -> str:
             for r in rows
         ],
     )
+    lines += [
+        "",
+        "Projected time to target = epochs to target measured by `make bench-scale` (products-"
+        "like graph, 1x2x2x2) x projected epoch time: "
+        + _epochs_text(results.get("projection_epochs")),
+    ]
+    if results.get("scale") is not None:
+        lines += ["", "#" + scale_report.markdown(results["scale"]).replace("\n#", "\n##")]
+    elif (RESULTS / "bench_scale.md").exists():
+        lines += [
+            "",
+            "## Scale benchmark",
+            "",
+            "See [bench_scale.md](bench_scale.md) (`make bench-scale`).",
+        ]
     return "\n".join(lines) + "\n"
+
+
+def _scaled(value: float | None, scale: float, digits: int) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _epochs_text(measured: dict | None) -> str:
+    if measured is None:
+        return "not measured (run `make bench-scale` first)."
+    return (
+        f"{measured['epochs']:.2f} epochs to {measured['target_acc']:.4f} test accuracy "
+        f"({measured['reached']} seeds, {measured['num_nodes']:,} vertices)."
+    )
 
 
 def main() -> None:
@@ -215,7 +260,10 @@ def main() -> None:
         "accuracy": _accuracy(quick),
         "scaling": bench_scaling.main(),
         "optimizations": bench_optimizations.main(),
+        # full mode: the scale benchmark first, so that the projection uses its epochs
+        "scale": None if quick else bench_scale.main(),
         "projection": bench_projection.main(),
+        "projection_epochs": bench_projection.measured_epochs_to_target(),
     }
     minutes = (time.perf_counter() - start) / 60
     summary = _summary(results, minutes)

@@ -10,6 +10,8 @@ import benchmarks.baselines  # noqa: F401  (before torch: sets OMP_WAIT_POLICY)
 
 # isort: split
 
+import itertools
+import json
 import subprocess
 import time
 
@@ -211,6 +213,78 @@ def test_run_epochs_books_training_time_without_evaluation() -> None:
     assert never["time_to_target_s"] is None
 
 
+class _ScriptedSteps(training.MiniBatchBaseline):
+    """Steps of 10 time units, evaluations of 50, on a fake clock; three steps an epoch."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.steps = 0
+        self.epochs = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    def batches(self):
+        self.epochs += 1
+        return iter(range(3))
+
+    def train_step(self, batch) -> None:
+        self.now += 10.0
+        self.steps += 1
+
+    def loss(self, batch):  # pragma: no cover - train_step is replaced
+        raise AssertionError
+
+    def predict(self, ids):  # pragma: no cover - evaluate is replaced
+        raise AssertionError
+
+    def evaluate(self) -> tuple[float, float]:
+        self.now += 50.0
+        return self.steps / 100, self.steps / 100
+
+
+def test_eval_schedule_is_log_spaced_and_ends_at_the_budget() -> None:
+    times = training.eval_schedule(10.0, 5)
+    assert times[-1] == pytest.approx(10.0)
+    assert times[0] == pytest.approx(2.5)
+    ratios = [b / a for a, b in itertools.pairwise(times)]
+    assert ratios == pytest.approx([2**0.5] * 4)
+    with pytest.raises(ValueError, match="budget_s"):
+        training.eval_schedule(0.0, 3)
+
+
+def test_run_for_seconds_books_steps_and_training_time_without_evaluation(
+    monkeypatch,
+) -> None:
+    baseline = _ScriptedSteps()
+    monkeypatch.setattr(training.time, "perf_counter", baseline.clock)
+    result = training.run_for_seconds(baseline, 200.0, [45.0, 100.0, 100.0], steps_per_epoch=3)
+    history = result["history"]
+    # evaluations after the steps passing 45 and 100 (one for both 100s) and the last
+    assert [r["step"] for r in history] == [5, 10, 20]
+    assert [r["train_s"] for r in history] == [50.0, 100.0, 200.0]  # evaluation excluded
+    assert [r["epoch"] for r in history] == pytest.approx([5 / 3, 10 / 3, 20 / 3])
+    assert [r["eval_s"] for r in history] == [50.0, 50.0, 50.0]
+    assert [r["test_acc"] for r in history] == [0.05, 0.1, 0.2]
+    assert baseline.steps == 20 and baseline.epochs == 7  # epochs restart as needed
+    assert result["best_val_acc"] == 0.2
+
+
+def test_sampled_inference_is_the_model_on_full_neighbourhoods_when_fanout_covers_them(
+    small,
+) -> None:
+    """With fan-outs above every in-degree, sampled inference is exact (dense oracle)."""
+    graph, features = small.graph, small.graph.ndata["feat"]
+    torch.manual_seed(0)
+    model = graphsage.SAGE(small.num_features, 16, small.num_classes, 2, 0.0).eval()
+    ids = torch.tensor([5, 0, 17, 2999])
+    big = int(graph.in_degrees().max()) + 1
+    with torch.no_grad():
+        actual = graphsage.sampled_inference(model, graph, features, ids, [big, big], 3)
+        expected = graphsage.layerwise_inference(model, graph, features, ids, -1, 500)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_sweep_picks_best_mean_validation(small) -> None:
     def fake_train(dataset, settings, seed, target_acc, max_epochs, eval_every) -> dict:
         val = settings["quality"] + 0.01 * seed
@@ -250,3 +324,97 @@ def test_distdgl_two_trainers_smoke(tmp_path) -> None:
     assert [r["epoch"] for r in result["history"]] == [1, 2, 3]
     assert result["test_at_best_val"] > 0.4  # 4 classes
     assert not _worker_processes(str(tmp_path))
+
+
+# --------------------------------------------------------------------------------------
+# The scale benchmark's report: targets, times to target and ratios from the runs
+# --------------------------------------------------------------------------------------
+
+
+def _run(points: list[tuple[int, float, float]], eval_s: float, rss: list[float]) -> dict:
+    """A run whose evaluations are ``(step, train_s, test_acc)``."""
+    history = [
+        {"step": s, "epoch": s / 10, "train_s": t, "val_acc": a, "test_acc": a, "eval_s": eval_s}
+        for s, t, a in points
+    ]
+    return {
+        **training.summarise(history, None),
+        "step_s": points[-1][1] / points[-1][0],
+        "max_rss_mb": rss,
+    }
+
+
+def test_scale_report_targets_and_ratios_follow_the_histories() -> None:
+    from benchmarks import bench_scale, scale_report
+
+    ours_1, ours_8, saint_b, saint_best, sage, dist = bench_scale.METHODS
+    runs = {
+        ours_1: [_run([(5, 10.0, 0.5), (10, 20.0, 0.76), (20, 40.0, 0.80)], 2.0, [900.0])],
+        ours_8: [_run([(5, 4.0, 0.5), (10, 8.0, 0.79), (20, 16.0, 0.80)], 1.0, [200.0] * 8)],
+        saint_b: [_run([(5, 5.0, 0.7), (10, 10.0, 0.77)], 3.0, [800.0])],
+        saint_best: [_run([(50, 30.0, 0.78)], 3.0, [700.0])],
+        sage: [
+            {
+                **_run([(100, 5.0, 0.6), (400, 30.0, 0.76), (800, 60.0, 0.79)], 4.0, [600.0]),
+                "sampled_eval_s": 40.0,
+            }
+        ],
+        dist: [_run([(100, 20.0, 0.77)], 8.0, [300.0] * 8)],
+    }
+    analysis = scale_report.analyse({"runs": runs})
+    assert analysis["best_test_acc"] == pytest.approx(0.80)
+    assert analysis["targets"] == pytest.approx({"95%": 0.76, "99%": 0.792})
+    to_95 = analysis["methods"][ours_1]["to_target"]["95%"]
+    assert (to_95["seconds"], to_95["steps"], to_95["reached"]) == (20.0, 10, "1/1")
+    assert analysis["methods"][saint_b]["to_target"]["99%"]["seconds"] is None
+    speed = analysis["speedup_to_target"]["95%"]
+    # fastest 1-process peer to 0.76: GraphSAINT at B after 10 s; ours 20 s
+    assert speed["1 process"] == {"fastest_peer": saint_b, "ratio": pytest.approx(0.5)}
+    assert speed["8 processes"]["ratio"] == pytest.approx(20.0 / 8.0)
+    assert analysis["speedup_to_target"]["99%"]["8 processes"]["ratio"] is None  # never
+    evaluation = analysis["eval_speedup"]
+    assert evaluation["neighbour-sampled (GraphSAGE) / ours"] == pytest.approx(20.0)
+    assert evaluation["layer-wise full-neighbour (GraphSAGE) / ours"] == pytest.approx(2.0)
+    assert analysis["methods"][ours_8]["max_rss_mb"] == [200.0] * 8
+    text = scale_report.markdown(
+        {
+            "plan": {"num_nodes": 100, "batch_size": 10, "budget_s": 60, "seeds": [0]},
+            "minutes": 1.0,
+            "graphs": {"g": {"config": "c.yaml", "setup_s": {}, "sweeps": {}, "runs": runs}},
+            "analysis": {"g": analysis},
+        }
+    )
+    assert "0.50x (slower; paper >= 1.4x)" in text and "not reached" in text
+
+
+def test_projection_uses_the_epochs_to_the_papers_target_measured_here(tmp_path) -> None:
+    from benchmarks import bench_projection
+
+    best = 0.813
+    history = [
+        {"step": 10, "epoch": 1.0, "train_s": 5.0, "val_acc": 0.7, "test_acc": 0.70},
+        {"step": 30, "epoch": 3.0, "train_s": 15.0, "val_acc": 0.8, "test_acc": 0.79},
+        {"step": 50, "epoch": 5.0, "train_s": 25.0, "val_acc": 0.81, "test_acc": best},
+    ]
+    payload = {
+        "graphs": {
+            "products-like": {
+                "num_nodes": 1000,
+                "runs": {"dgl_scalegnn, 1x2x2x2": [{"history": history}]},
+            }
+        },
+        "analysis": {"products-like": {"best_test_acc": best}},
+    }
+    path = tmp_path / "bench_scale.json"
+    assert bench_projection.measured_epochs_to_target(path) is None  # not run yet
+    path.write_text(json.dumps(payload))
+    measured = bench_projection.measured_epochs_to_target(path)
+    assert measured["target_acc"] == pytest.approx(0.79)  # 79% of the paper's 81.3%
+    assert measured["epochs"] == 3.0
+    rows = bench_projection.project(
+        bench_projection.PRODUCTS, bench_projection.PRODUCTS_POINTS, measured["epochs"]
+    )
+    assert rows[0]["paper_time_to_target_s"] == 7.83
+    assert rows[0]["projected_time_to_target_s"] == pytest.approx(
+        3.0 * rows[0]["projected_epoch_s"]
+    )

@@ -112,6 +112,12 @@ class LaunchConfig:
         Epochs and evaluation period.
     stop_at_target : bool
         Stop at the first evaluation reaching ``target_acc``.
+    budget_s : float or None
+        Train for this many seconds instead of ``max_epochs`` epochs, evaluating as
+        the training times ``eval_at_s`` are passed
+        (:func:`benchmarks.baselines.training.run_for_seconds`).
+    eval_at_s : tuple of float
+        The evaluation times of a ``budget_s`` run.
     timeout_s : float
         Bound on the whole launch (start-up, training and shut-down).
     start_timeout_s : float
@@ -127,6 +133,8 @@ class LaunchConfig:
     max_epochs: int = 20
     eval_every: int = 1
     stop_at_target: bool = False
+    budget_s: float | None = None
+    eval_at_s: tuple[float, ...] = ()
     timeout_s: float = 1800.0
     start_timeout_s: float = 60.0
     grace_s: float = 10.0
@@ -346,6 +354,8 @@ def _write_spec(
         "max_epochs": cfg.max_epochs,
         "eval_every": cfg.eval_every,
         "stop_at_target": cfg.stop_at_target,
+        "budget_s": cfg.budget_s,
+        "eval_at_s": list(cfg.eval_at_s),
         "threads": threads,
     }
     path = work / "spec.json"

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from benchmarks.baselines import training
 from benchmarks.baselines.graphsage import DEFAULTS, SAGE, resolve_fanouts
 from dgl_scalegnn._dgl import GRAPHBOLT_STUBBED, dgl
+from dgl_scalegnn.train.trainer import peak_rss_mb
 
 __all__ = ["patch_dgl", "DistGraphSAGE", "main"]
 
@@ -167,6 +168,10 @@ class DistGraphSAGE(training.MiniBatchBaseline):
         super().train_epoch()
         torch.distributed.barrier()
 
+    def agree(self, seconds: float) -> float:
+        """The slowest trainer's training time, so that all stop and evaluate together."""
+        return _all_reduce([seconds], torch.distributed.ReduceOp.MAX)[0]
+
     def _layer_loader(self, seeds: torch.Tensor) -> Any:
         return dgl.dataloading.DistNodeDataLoader(
             self.graph,
@@ -217,15 +222,28 @@ def _train(spec: Mapping[str, Any]) -> None:
         graph = dgl.distributed.DistGraph(spec["graph_name"])
         settings = training.merge_settings(DEFAULTS, spec["settings"], "distdgl-graphsage")
         trainer = DistGraphSAGE(graph, int(spec["num_classes"]), settings)
-        result = training.run_epochs(
-            trainer,
-            spec["target_acc"],
-            int(spec["max_epochs"]),
-            int(spec["eval_every"]),
-            bool(spec["stop_at_target"]),
-        )
+        if spec.get("budget_s") is None:
+            result = training.run_epochs(
+                trainer,
+                spec["target_acc"],
+                int(spec["max_epochs"]),
+                int(spec["eval_every"]),
+                bool(spec["stop_at_target"]),
+            )
+        else:
+            result = training.run_for_seconds(
+                trainer, float(spec["budget_s"]), spec["eval_at_s"], trainer.steps
+            )
+        peaks = torch.zeros(world, dtype=torch.float64)
+        peaks[rank] = peak_rss_mb()
+        torch.distributed.all_reduce(peaks)
         if rank == 0:
-            result.update(settings=settings, seed=spec["seed"], steps_per_epoch=trainer.steps)
+            result.update(
+                settings=settings,
+                seed=spec["seed"],
+                steps_per_epoch=trainer.steps,
+                max_rss_mb=peaks.tolist(),
+            )
             Path(spec["result_path"]).write_text(json.dumps(result, indent=2) + "\n")
         torch.distributed.barrier()
     finally:

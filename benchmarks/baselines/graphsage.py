@@ -37,6 +37,7 @@ __all__ = [
     "GraphSAGEBaseline",
     "resolve_fanouts",
     "layerwise_inference",
+    "sampled_inference",
     "PEER",
 ]
 
@@ -163,6 +164,32 @@ def layerwise_inference(
             start += output_nodes.numel()
         h = out
     return h
+
+
+def sampled_inference(
+    model: SAGE,
+    graph: dgl.DGLGraph,
+    features: torch.Tensor,
+    ids: torch.Tensor,
+    fanouts: Sequence[int],
+    batch_size: int,
+) -> torch.Tensor:
+    """Logits of ``ids`` (in that order) from their sampled ``layers``-hop neighbourhoods.
+
+    Mini-batch inference as in training: each batch of ``batch_size`` vertices gets
+    its computation graph from ``NeighborSampler(fanouts)`` (input layer first), and
+    the whole model runs on it; no vertex outside those neighbourhoods is computed.
+    The paper compares its full-graph evaluation against this.
+    """
+    loader = dgl.dataloading.DataLoader(
+        graph,
+        ids,
+        dgl.dataloading.NeighborSampler(list(fanouts)),
+        batch_size=batch_size,
+        shuffle=False,
+        drop_last=False,
+    )
+    return torch.cat([model(blocks, features[inputs]) for inputs, _, blocks in loader])
 
 
 class GraphSAGEBaseline(training.MiniBatchBaseline):

@@ -48,6 +48,8 @@ __all__ = [
     "require_single_label",
     "split_ids",
     "run_epochs",
+    "eval_schedule",
+    "run_for_seconds",
     "summarise",
     "mean_std",
     "train_baseline",
@@ -200,14 +202,22 @@ class MiniBatchBaseline(ABC):
         """Logits of the vertices ``ids`` (rows in the order of ``ids``), in eval mode."""
 
     def train_epoch(self) -> None:
-        self.model.train()
         for batch in self.batches():
-            loss = self.loss(batch)
-            if loss is None:
-                continue
-            self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
+            self.train_step(batch)
+
+    def train_step(self, batch: Any) -> None:
+        """One optimiser step on ``batch`` (nothing when its loss is ``None``)."""
+        self.model.train()
+        loss = self.loss(batch)
+        if loss is None:
+            return
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+    def agree(self, seconds: float) -> float:
+        """The training time all processes go by (one process: its own)."""
+        return seconds
 
     def evaluate(self) -> tuple[float, float]:
         self.model.eval()
@@ -282,6 +292,85 @@ def run_epochs(
         if stop_at_target and target_acc is not None and test_acc >= target_acc:
             break
     return summarise(history, target_acc)
+
+
+def eval_schedule(budget_s: float, rounds: int) -> list[float]:
+    r"""``rounds`` training times, evenly spaced on a log axis, ending at ``budget_s``.
+
+    Point ``k`` (0-based) is ``budget_s * 2 ** (-(rounds - 1 - k) / 2)``: two per
+    doubling of time, so that a time to target read from them is within a factor
+    :math:`\sqrt{2}` of the true one, at any scale, with few evaluations.
+
+    >>> [round(t, 2) for t in eval_schedule(8.0, 4)]
+    [2.83, 4.0, 5.66, 8.0]
+    """
+    if budget_s <= 0 or rounds < 1:
+        raise ValueError(f"budget_s ({budget_s}) must be positive and rounds ({rounds}) >= 1")
+    return [budget_s * 2 ** (-(rounds - 1 - k) / 2) for k in range(rounds)]
+
+
+def run_for_seconds(
+    baseline: MiniBatchBaseline,
+    budget_s: float,
+    eval_at_s: Sequence[float],
+    steps_per_epoch: int,
+) -> dict[str, Any]:
+    """Train step by step for ``budget_s`` seconds, evaluating as ``eval_at_s`` is passed.
+
+    Training time is drawing a batch plus its optimiser step; evaluation is excluded.
+    After the first step whose cumulative training time passes ``eval_at_s[k]`` the
+    model is evaluated once (several points passed by one step give one evaluation),
+    and always after the last step. Epochs restart the baseline's batches as needed.
+
+    Parameters
+    ----------
+    baseline : MiniBatchBaseline
+        The model, sampler and optimiser (``agree`` makes processes stop together).
+    budget_s : float
+        Training seconds after which no step is started.
+    eval_at_s : sequence of float
+        Training times that trigger an evaluation (:func:`eval_schedule`).
+    steps_per_epoch : int
+        Steps of one epoch, to report ``epoch`` (fractional) in the history.
+
+    Returns
+    -------
+    dict
+        The result format of the module docstring; history records also carry
+        ``step`` (steps done) and ``epoch`` is ``step / steps_per_epoch``.
+    """
+    pending = sorted(eval_at_s)
+    history: list[dict[str, Any]] = []
+    train_s, step = 0.0, 0
+    batches = iter(baseline.batches())
+    while True:
+        start = time.perf_counter()
+        batch = next(batches, None)
+        if batch is None:  # the epoch is over: a new one, timed as training
+            batches = iter(baseline.batches())
+            batch = next(batches)
+        baseline.train_step(batch)
+        train_s += time.perf_counter() - start
+        step += 1
+        train_s = baseline.agree(train_s)
+        done = train_s >= budget_s
+        if not done and not (pending and train_s >= pending[0]):
+            continue
+        while pending and pending[0] <= train_s:
+            pending.pop(0)
+        (val_acc, test_acc), eval_s = _timed(baseline.evaluate)
+        history.append(
+            {
+                "step": step,
+                "epoch": step / steps_per_epoch,
+                "train_s": train_s,
+                "val_acc": float(val_acc),
+                "test_acc": float(test_acc),
+                "eval_s": eval_s,
+            }
+        )
+        if done:
+            return summarise(history, None)
 
 
 def train_baseline(

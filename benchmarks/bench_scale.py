@@ -1,0 +1,563 @@
+"""``make bench-scale``: test accuracy against training seconds at 1M vertices.
+
+On each graph of :mod:`benchmarks.scale_presets` (the sparse one and the
+products-like one), six methods train for the same budget of training seconds
+(evaluation excluded), each evaluated on a log-spaced schedule of training times:
+
+``dgl_scalegnn, 1 process`` and ``dgl_scalegnn, 1x2x2x2``
+    ``scalegnn train`` (one process; eight ranks through ``mpirun``) from a
+    ``scalegnn prepare`` directory, with the preset's config (the GCN stack, 2 layers,
+    hidden 128, B = N/10, prefetch and fusion on) and ``train.eval_every_steps``.
+    ``train.max_steps`` turns the time budget into steps, with the first step's
+    seconds (one-off warm-up) and the later steps' measured in the sweep; the engine's
+    own training time, warm-up included, is what the report uses.
+``GraphSAINT-node, B`` and ``GraphSAINT-node, best budget``
+    DGL's ``SAINTSampler`` at our B, and at the budget its sweep picked.
+``GraphSAGE``
+    DGL's ``NeighborSampler`` at the batch size and fan-out its sweep picked;
+    evaluated layer-wise with all neighbours (what DGL users run), and timed once
+    with neighbour-sampled evaluation (the training fan-outs) after training.
+``DistDGL, 8 trainers``
+    DGL's distributed GraphSAGE (:mod:`benchmarks.baselines.distdgl`) with GraphSAGE's
+    best settings (global batch), on 8 METIS partitions.
+
+Every run is its own process (or processes), so that its peak resident memory
+(``max_rss_mb``, per rank) is its own. Sweeps are small and chosen on validation
+accuracy; the report lists them. Targets are 95% and 99% of the best test accuracy
+any method ended at (at its best validation accuracy); from the runs the report
+computes time and steps to each target, seconds per step, evaluation per round, peak
+memory per rank, and the ratios the paper claims (>= 1.4x faster to target than the
+fastest peer at the same process count; >= 20x faster evaluation than neighbour-sampled
+evaluation).
+
+Quick mode (``SCALEGNN_BENCH_QUICK=1``, the default): 45 s of training per final run
+and 6 evaluations, 11 s (ours: 6 steps) per sweep setting, two settings per sweep, one
+seed. Full mode: 240 s and 10 evaluations, 60 s (20 steps), larger sweeps, three
+seeds. Environment:
+
+``SCALEGNN_BENCH_SCALE_NODES``
+    Vertices of both graphs (default 1,000,000); B stays N/10.
+``SCALEGNN_BENCH_SCALE_BUDGET``
+    Training seconds of a final run (the sweeps get a quarter).
+``SCALEGNN_BENCH_SCALE_GRAPHS``
+    Comma-separated presets (default ``sparse,products-like``).
+``SCALEGNN_BENCH_SCALE_WORK``
+    Where the prepared graphs and partitions go (kept and reused when given; a
+    temporary directory otherwise).
+
+Outputs: ``benchmarks/results/bench_scale.json``, ``bench_scale_<graph>.png`` and
+``bench_scale.md`` (:mod:`benchmarks.scale_report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch starts its threads
+
+import torch
+
+from benchmarks import scale_presets, scale_report
+from benchmarks.baselines import distdgl, graphsage, graphsaint, training
+from benchmarks.common import quick_mode, write_results
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.data.graph import NodeDataset
+from dgl_scalegnn.train.metrics import read_metrics
+from dgl_scalegnn.train.trainer import peak_rss_mb
+
+__all__ = ["Plan", "plan", "METHODS", "run_graph", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID_8 = "1x2x2x2"
+#: The methods of the comparison, in the order of the report.
+METHODS = (
+    "dgl_scalegnn, 1 process",
+    f"dgl_scalegnn, {GRID_8}",
+    "GraphSAINT-node, B",
+    "GraphSAINT-node, best budget",
+    "GraphSAGE",
+    "DistDGL, 8 trainers",
+)
+#: Process count of each method (the paper's claim compares equal counts).
+PROCESSES = dict(zip(METHODS, (1, 8, 1, 1, 1, 8), strict=True))
+_PEERS = {"graphsaint": graphsaint.PEER, "graphsage": graphsage.PEER}
+
+
+class BenchScaleError(RuntimeError):
+    """A run of the scale benchmark failed; the message names the command and its log."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes, budgets and sweeps of one run of the benchmark."""
+
+    num_nodes: int
+    budget_s: float
+    sweep_budget_s: float
+    sweep_steps: int
+    eval_rounds: int
+    seeds: tuple[int, ...]
+    graphs: tuple[str, ...]
+    quick: bool
+
+    @property
+    def batch_size(self) -> int:
+        """B = N/10 (100k at 1M vertices)."""
+        return max(1, self.num_nodes // 10)
+
+    def ours_grid(self) -> list[dict[str, Any]]:
+        """``--set`` overrides tried for dgl_scalegnn (on top of the preset's config)."""
+        if self.quick:
+            return [{"optim.lr": 0.01}, {"optim.lr": 0.003}]
+        return [
+            {"optim.lr": lr, "model.dropout": dropout}
+            for lr in (0.003, 0.01, 0.02)
+            for dropout in (0.2, 0.5)
+        ]
+
+    def saint_grid(self) -> list[dict[str, Any]]:
+        """GraphSAINT-node budgets tried besides B (``norm_coverage`` bounds the set-up)."""
+        coverage = 10 if self.quick else 50
+        fractions = (100, 25) if self.quick else (200, 100, 40, 20)
+        return [
+            {"budget": max(1, self.num_nodes // f), "norm_coverage": coverage} for f in fractions
+        ]
+
+    def sage_grid(self) -> list[dict[str, Any]]:
+        """GraphSAGE batch sizes and fan-outs (input layer first) tried."""
+        if self.quick:
+            return [
+                {"batch_size": 1024, "fanouts": [10, 10], "lr": 0.01},
+                {"batch_size": 4096, "fanouts": [10, 10], "lr": 0.01},
+            ]
+        return [
+            {"batch_size": batch, "fanouts": fanouts, "lr": lr}
+            for batch in (1024, 4096)
+            for fanouts in ([5, 5], [10, 10])
+            for lr in (0.003, 0.01)
+        ]
+
+
+def plan(quick: bool | None = None) -> Plan:
+    """The plan of quick or full mode, with the environment's overrides."""
+    quick = quick_mode() if quick is None else quick
+    budget = float(os.environ.get("SCALEGNN_BENCH_SCALE_BUDGET", 45 if quick else 240))
+    graphs = os.environ.get("SCALEGNN_BENCH_SCALE_GRAPHS", ",".join(scale_presets.PRESETS))
+    names = tuple(name.strip() for name in graphs.split(",") if name.strip())
+    for name in names:
+        scale_presets.preset(name)  # refuses an unknown name
+    return Plan(
+        num_nodes=int(os.environ.get("SCALEGNN_BENCH_SCALE_NODES", 1_000_000)),
+        budget_s=budget,
+        sweep_budget_s=budget / 4,
+        sweep_steps=6 if quick else 20,
+        eval_rounds=6 if quick else 10,
+        seeds=(0,) if quick else (0, 1, 2),
+        graphs=names,
+        quick=quick,
+    )
+
+
+# ---------------------------------------------------------------- processes
+
+
+def _env(threads: int) -> dict[str, str]:
+    pythonpath = [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(pythonpath),
+        "OMP_NUM_THREADS": str(threads),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
+    }
+
+
+def _run(argv: Sequence[str], log: Path, threads: int, timeout_s: float) -> float:
+    """Run ``argv`` to completion (its own session, killed on timeout); return wall seconds."""
+    start = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=ROOT,
+            env=_env(threads),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait()
+    if code != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        why = f"timed out after {timeout_s:.0f} s" if code is None else f"exited with {code}"
+        raise BenchScaleError(f"{' '.join(argv[:6])} ... {why}; log {log}:\n{tail}")
+    return time.perf_counter() - start
+
+
+def _mpirun(processes: int) -> list[str]:
+    mpirun = os.environ.get("MPIRUN") or str(Path(sys.executable).parent / "mpirun")
+    if not Path(mpirun).exists():
+        mpirun = shutil.which("mpirun") or mpirun
+    argv = [mpirun, "-np", str(processes), "--oversubscribe"]
+    if os.geteuid() == 0:
+        argv.append("--allow-run-as-root")
+    for name in ("PYTHONPATH", "OMP_NUM_THREADS", "OMP_WAIT_POLICY"):
+        argv += ["-x", name]
+    return argv
+
+
+# ---------------------------------------------------------------- graphs
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One preset, ready for every method."""
+
+    name: str
+    config_file: str
+    prepared: Path
+    dgl_file: Path
+    part_config: Path
+    num_classes: int
+    num_nodes: int
+    setup_s: dict[str, float]
+
+
+def prepare_graph(name: str, p: Plan, work: Path) -> Graph:
+    """Generate the preset, save it for the peers, ``scalegnn prepare`` it, partition it."""
+    from dgl_scalegnn.data.synthetic import generate
+
+    base = work / f"{name}-{p.num_nodes}"
+    base.mkdir(parents=True, exist_ok=True)
+    config_file = scale_presets.CONFIG_FILES[name]
+    cfg = scale_presets.preset(name, p.num_nodes)
+    setup: dict[str, float] = {}
+    dgl_file, prepared = base / "graph.bin", base / "prepared"
+    done = base / "done.json"
+    if not done.exists():
+        start = time.perf_counter()
+        dataset = generate(cfg)
+        dgl.save_graphs(str(dgl_file), [dataset.graph])
+        setup["generate_and_save_s"] = time.perf_counter() - start
+        argv = [sys.executable, "-m", "dgl_scalegnn.cli", "prepare", "--config", config_file]
+        for key, value in dataclasses.asdict(cfg).items():  # exactly the peers' graph
+            argv += ["--set", f"data.synthetic.{key}={str(value).lower()}"]
+        argv += ["--out", str(prepared)]
+        setup["prepare_s"] = _run(argv, base / "prepare.log", 2, 3600)
+        parts = 8 if distdgl.isolation_available() else 1
+        method = os.environ.get("SCALEGNN_BENCH_SCALE_PART", "metis")
+        start = time.perf_counter()
+        distdgl.partition(dataset, base / f"parts{parts}", parts, method)
+        setup["partition_s"] = time.perf_counter() - start
+        setup["partition_method"] = method  # type: ignore[assignment]
+        done.write_text(json.dumps({"num_classes": dataset.num_classes, "setup": setup}))
+        del dataset
+    record = json.loads(done.read_text())
+    part_config = next(base.glob("parts*/graph.json"))
+    return Graph(
+        name=name,
+        config_file=config_file,
+        prepared=prepared,
+        dgl_file=dgl_file,
+        part_config=part_config,
+        num_classes=int(record["num_classes"]),
+        num_nodes=p.num_nodes,
+        setup_s=record["setup"],
+    )
+
+
+# ---------------------------------------------------------------- dgl_scalegnn
+
+
+def run_ours(
+    graph: Graph,
+    p: Plan,
+    overrides: Mapping[str, Any],
+    seed: int,
+    processes: int,
+    max_steps: int,
+    eval_every_steps: int,
+    log_dir: Path,
+) -> dict[str, Any]:
+    """``scalegnn train`` on ``processes`` ranks; the common result format plus the
+    engine's own figures (``step_s``, ``seconds`` breakdown, ``max_rss_mb``)."""
+    tag = f"ours-{graph.name}-p{processes}-s{seed}-{len(list(log_dir.glob('ours-*.jsonl')))}"
+    metrics = log_dir / f"{tag}.jsonl"
+    settings = {
+        "data.prepared": str(graph.prepared),
+        "sampling.batch_size": p.batch_size,
+        "sampling.seed": seed,
+        "train.seed": seed,
+        "train.epochs": 10**6,
+        "train.max_steps": max_steps,
+        "train.eval_every_steps": eval_every_steps,
+        "train.progress": "false",
+        **overrides,
+    }
+    argv = [sys.executable, "-m", "dgl_scalegnn.cli", "train", "--config", graph.config_file]
+    argv += ["--metrics", str(metrics)]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    argv += ["--grid", GRID_8 if processes > 1 else "1x1x1x1"]
+    if processes > 1:
+        argv = [*_mpirun(processes), *argv]
+    threads = max(1, training.machine_cores() // processes)
+    wall = _run(argv, log_dir / f"{tag}.log", threads, 20 * p.budget_s + 1800)
+    events = read_metrics(metrics)
+    steps = [e for e in events if e["event"] == "step"]
+    history = [
+        {
+            "step": e["step"],
+            "epoch": e["step"] * p.batch_size / graph.num_nodes,
+            "train_s": e["elapsed_train_s"],
+            "val_acc": e["val_acc"],
+            "test_acc": e["test_acc"],
+            "eval_s": e["eval_s"],
+        }
+        for e in events
+        if e["event"] == "eval"
+    ]
+    summary = next(e for e in events if e["event"] == "summary")
+    breakdown: dict[str, float] = {}
+    for event in steps[1:]:
+        for part, seconds in event.get("seconds", {}).items():
+            breakdown[part] = breakdown.get(part, 0.0) + seconds / max(1, len(steps) - 1)
+    return {
+        **training.summarise(history, None),
+        "settings": dict(overrides),
+        "seed": seed,
+        "steps": summary["steps"],
+        "step_s": summary["train_s"] / max(1, summary["steps"]),  # everything booked
+        # the first step carries one-off warm-up (many seconds in "elementwise")
+        "first_step_s": steps[0]["step_s"],
+        "steady_step_s": sum(e["step_s"] for e in steps[1:]) / max(1, len(steps) - 1),
+        "seconds_per_step_breakdown": breakdown,
+        "max_rss_mb": summary["max_rss_mb"],
+        "wall_s": wall,
+    }
+
+
+# ---------------------------------------------------------------- peers
+
+
+def run_peer(
+    graph: Graph,
+    method: str,
+    settings: Mapping[str, Any],
+    seed: int,
+    budget_s: float,
+    rounds: int,
+    log_dir: Path,
+    sampled_eval: bool = False,
+) -> dict[str, Any]:
+    """One GraphSAINT or GraphSAGE run in its own process (:func:`peer_main`)."""
+    tag = f"{method}-{graph.name}-s{seed}-{len(list(log_dir.glob(f'{method}-*.log')))}"
+    spec = {
+        "method": method,
+        "graph": str(graph.dgl_file),
+        "name": graph.name,
+        "num_classes": graph.num_classes,
+        "settings": dict(settings),
+        "seed": seed,
+        "budget_s": budget_s,
+        "eval_at_s": training.eval_schedule(budget_s, rounds),
+        "sampled_eval": sampled_eval,
+        "result_path": str(log_dir / f"{tag}.result.json"),
+    }
+    spec_path = log_dir / f"{tag}.json"
+    spec_path.write_text(json.dumps(spec))
+    argv = [sys.executable, "-m", "benchmarks.bench_scale", "peer", str(spec_path)]
+    wall = _run(argv, log_dir / f"{tag}.log", training.machine_cores(), 20 * budget_s + 1800)
+    return {**json.loads(Path(spec["result_path"]).read_text()), "wall_s": wall}
+
+
+def peer_main(spec_path: str) -> int:
+    """Inside the peer's process: load the graph, train for the budget, write the result."""
+    spec = json.loads(Path(spec_path).read_text())
+    graphs, _ = dgl.load_graphs(spec["graph"])
+    graph = graphs[0]
+    for split in ("train", "val", "test"):  # saved as uint8
+        graph.ndata[f"{split}_mask"] = graph.ndata[f"{split}_mask"].bool()
+    dataset = NodeDataset(spec["name"], graph, int(spec["num_classes"]))
+    peer = _PEERS[spec["method"]]
+    settings = training.merge_settings(peer.defaults, spec["settings"], peer.name)
+    training.seed_everything(int(spec["seed"]))
+    start = time.perf_counter()
+    baseline = peer.factory(dataset, settings)
+    setup_s = time.perf_counter() - start
+    steps_per_epoch = getattr(baseline, "steps_per_epoch", None) or len(baseline.loader)
+    result = training.run_for_seconds(
+        baseline, float(spec["budget_s"]), spec["eval_at_s"], steps_per_epoch
+    )
+    if spec["sampled_eval"]:
+        result["sampled_eval_s"] = _sampled_eval_seconds(baseline, settings)
+    result.update(
+        method=peer.name,
+        settings=settings,
+        seed=spec["seed"],
+        setup_s=setup_s,
+        steps=result["history"][-1]["step"],
+        step_s=result["history"][-1]["train_s"] / result["history"][-1]["step"],
+        max_rss_mb=[peak_rss_mb()],
+    )
+    Path(spec["result_path"]).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def _sampled_eval_seconds(baseline: Any, settings: Mapping[str, Any]) -> float:
+    """One neighbour-sampled evaluation of the validation and test vertices (GraphSAGE)."""
+    ids = torch.cat((baseline.val_ids, baseline.test_ids))
+    start = time.perf_counter()
+    baseline.model.eval()
+    with torch.no_grad():
+        graphsage.sampled_inference(
+            baseline.model,
+            baseline.graph,
+            baseline.features,
+            ids,
+            graphsage.resolve_fanouts(settings),
+            int(settings["eval_batch_size"]),
+        )
+    return time.perf_counter() - start
+
+
+def run_distdgl(
+    graph: Graph, settings: Mapping[str, Any], seed: int, p: Plan, log_dir: Path
+) -> dict[str, Any]:
+    """DistDGL's GraphSAGE, 8 trainers, on the partitions made by :func:`prepare_graph`."""
+    cfg = distdgl.LaunchConfig(
+        settings=dict(settings),
+        seed=seed,
+        budget_s=p.budget_s,
+        eval_at_s=tuple(training.eval_schedule(p.budget_s, p.eval_rounds)),
+        timeout_s=20 * p.budget_s + 1800,
+    )
+    topology = "machines" if "parts8" in str(graph.part_config) else "single"
+    work = log_dir / f"distdgl-{graph.name}-s{seed}"
+    result = distdgl.launch(graph.part_config, 8, graph.num_classes, cfg, topology, work)
+    last = result["history"][-1]
+    return {**result, "steps": last["step"], "step_s": last["train_s"] / last["step"]}
+
+
+# ---------------------------------------------------------------- one graph
+
+
+def _best(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(rows, key=lambda row: row["result"]["best_val_acc"])
+
+
+def _sweep_row(settings: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    return {"settings": dict(settings), "result": dict(result)}
+
+
+def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
+    """Sweeps, then the final runs of every method on ``graph``."""
+    print(f"[{graph.name}] sweeps", flush=True)
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+    steps = p.sweep_steps
+    sweeps["dgl_scalegnn"] = [
+        _sweep_row(o, run_ours(graph, p, o, 0, 1, steps, steps, log_dir)) for o in p.ours_grid()
+    ]
+    ours = _best(sweeps["dgl_scalegnn"])
+    ours_8_probe = run_ours(graph, p, ours["settings"], 0, 8, steps, steps, log_dir)
+    sweeps[f"dgl_scalegnn {GRID_8} (timing only)"] = [_sweep_row(ours["settings"], ours_8_probe)]
+    rounds = max(2, p.eval_rounds // 3)
+    for method, grid in (("graphsaint", p.saint_grid()), ("graphsage", p.sage_grid())):
+        sweeps[method] = [
+            _sweep_row(s, run_peer(graph, method, s, 0, p.sweep_budget_s, rounds, log_dir))
+            for s in grid
+        ]
+        print(f"[{graph.name}] {method} sweep: {_sweep_text(sweeps[method])}", flush=True)
+    saint_best = _best(sweeps["graphsaint"])["settings"]
+    saint_b = {**saint_best, "budget": p.batch_size}
+    sage_best = _best(sweeps["graphsage"])["settings"]
+    runs: dict[str, list[dict[str, Any]]] = {method: [] for method in METHODS}
+    for seed in p.seeds:
+        for processes, probe in ((1, ours["result"]), (8, ours_8_probe)):
+            rest = max(0.0, p.budget_s - probe["first_step_s"])
+            # at least one step per evaluation: a warm-up longer than the budget
+            # (8 ranks, small graphs) still leaves a curve
+            max_steps = max(p.eval_rounds, 1 + round(rest / probe["steady_step_s"]))
+            every = max(1, max_steps // p.eval_rounds)
+            result = run_ours(
+                graph, p, ours["settings"], seed, processes, max_steps, every, log_dir
+            )
+            runs[METHODS[0 if processes == 1 else 1]].append(result)
+        for method, peer, settings, extra in (
+            (METHODS[2], "graphsaint", saint_b, False),
+            (METHODS[3], "graphsaint", saint_best, False),
+            (METHODS[4], "graphsage", sage_best, True),
+        ):
+            runs[method].append(
+                run_peer(graph, peer, settings, seed, p.budget_s, p.eval_rounds, log_dir, extra)
+            )
+        runs[METHODS[5]].append(run_distdgl(graph, sage_best, seed, p, log_dir))
+        for method in METHODS:
+            last = runs[method][-1]
+            print(
+                f"[{graph.name}] seed {seed} {method}: test {last['test_at_best_val']:.4f} "
+                f"after {last['history'][-1]['train_s']:.1f} s ({last['steps']} steps)",
+                flush=True,
+            )
+    return {
+        "graph": graph.name,
+        "config": graph.config_file,
+        "num_nodes": graph.num_nodes,
+        "batch_size": p.batch_size,
+        "setup_s": graph.setup_s,
+        "sweeps": sweeps,
+        "runs": runs,
+    }
+
+
+def _sweep_text(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{row['settings']} val {row['result']['best_val_acc']:.4f}" for row in rows)
+
+
+def main() -> dict[str, Any]:
+    """Run the plan of this mode on every graph; write JSON, PNGs and the markdown."""
+    p = plan()
+    start = time.perf_counter()
+    given = os.environ.get("SCALEGNN_BENCH_SCALE_WORK")
+    with contextlib.ExitStack() as stack:
+        work = Path(given) if given else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        log_dir = work / f"logs-{time.strftime('%Y%m%d-%H%M%S')}"
+        log_dir.mkdir(parents=True)
+        graphs = {}
+        for name in p.graphs:
+            print(f"[{name}] preparing {p.num_nodes} vertices", flush=True)
+            graph = prepare_graph(name, p, work)
+            graphs[name] = run_graph(graph, p, log_dir)
+    payload = {
+        "plan": {**dataclasses.asdict(p), "batch_size": p.batch_size},
+        "minutes": (time.perf_counter() - start) / 60,
+        "graphs": graphs,
+    }
+    payload["analysis"] = {name: scale_report.analyse(report) for name, report in graphs.items()}
+    path = write_results("bench_scale", payload)
+    scale_report.write(payload, path)
+    return payload
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "peer":
+        sys.exit(peer_main(sys.argv[2]))
+    main()

@@ -1,0 +1,66 @@
+"""The scale benchmark's graphs: the configs match the presets, and they are neither
+trivially easy nor unlearnable (an independent full-graph GraphSAGE, at 20,000 vertices).
+"""
+
+from __future__ import annotations
+
+import benchmarks.baselines  # noqa: F401  (before torch: sets OMP_WAIT_POLICY)
+
+# isort: split
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from benchmarks import scale_presets
+from dgl_scalegnn.config import load_config
+from dgl_scalegnn.data.synthetic import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = 20_000
+#: The probe's band at 20,000 vertices. The sparse graph's accuracy hardly depends on
+#: the size (probe: 0.787 at 20k, 0.793 at 100k), so the benchmark's band applies. On
+#: the products-like graph the probe's 30 full-graph epochs underfit 47 classes from
+#: 6,000 labels (0.692 at 20k), and accuracy rises with the size (the preset's
+#: docstring): the lower bound is relaxed there, the upper bound (not trivially easy)
+#: is not.
+SMALL_BAND = {"sparse": scale_presets.BAND, "products-like": (0.55, scale_presets.BAND[1])}
+
+
+@pytest.mark.parametrize("name", list(scale_presets.PRESETS))
+def test_config_file_is_the_preset_at_1m(name: str) -> None:
+    cfg = load_config(ROOT / scale_presets.CONFIG_FILES[name])
+    assert cfg.data.name == "synthetic"
+    assert cfg.data.synthetic == scale_presets.preset(name, 1_000_000)
+    assert cfg.sampling.batch_size == 100_000  # B = N/10, as the benchmark runs it
+    assert (cfg.model.layers, cfg.model.norm, cfg.model.residual) == (2, False, False)
+
+
+def test_products_size_config_is_the_preset_at_ogbn_products_size() -> None:
+    cfg = load_config(ROOT / "yaml/products-like-2m.yaml")
+    assert cfg.data.synthetic == scale_presets.preset("products-like", 2_449_029)
+    assert cfg.sampling.batch_size == 245_000
+
+
+def test_products_like_has_the_shape_of_ogbn_products() -> None:
+    cfg = scale_presets.preset("products-like", SMALL)
+    assert (cfg.num_features, cfg.num_classes) == (100, 47)
+    assert cfg.degree_exponent < scale_presets.preset("sparse").degree_exponent  # more skewed
+    # average degree 50.5 at 100k and 1M vertices after the generator merges parallel
+    # edges between hubs (ogbn-products: 50.5); at 20k, more merge: 42
+    graph = generate(cfg).graph
+    assert 40 <= graph.num_edges() / SMALL <= 55
+
+
+@pytest.mark.parametrize("name", list(scale_presets.PRESETS))
+def test_preset_difficulty_is_in_the_band(name: str) -> None:
+    low, high = SMALL_BAND[name]
+    accuracy = scale_presets.probe_accuracy(generate(scale_presets.preset(name, SMALL)))
+    assert low <= accuracy <= high, f"{name}: probe test accuracy {accuracy:.4f}"
+
+
+def test_generator_default_is_too_easy_for_the_band() -> None:
+    """The check can fail: the generator's default noise makes the sparse graph easy."""
+    easy = dataclasses.replace(scale_presets.preset("sparse", SMALL), feature_noise=2.0)
+    assert scale_presets.probe_accuracy(generate(easy)) > scale_presets.BAND[1]
