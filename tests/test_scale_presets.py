@@ -34,7 +34,7 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
     assert cfg.data.name == "synthetic"
     assert cfg.data.synthetic == scale_presets.preset(name, 1_000_000)
     assert cfg.sampling.batch_size == 100_000  # B = N/10, as the benchmark runs it
-    assert (cfg.model.layers, cfg.model.norm, cfg.model.residual) == (2, False, False)
+    assert (cfg.model.layers, cfg.model.norm, cfg.model.residual) == (2, True, False)
 
 
 def test_products_size_config_is_the_preset_at_ogbn_products_size() -> None:
