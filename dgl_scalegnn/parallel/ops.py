@@ -326,27 +326,34 @@ class _CrossEntropyFn(torch.autograd.Function):
         with profiler.region("elementwise"):
             shifted = logits - row_max
             exp = shifted.exp()
+            # Gathers and selects, no boolean indexing: no host synchronisation.
             local_class = labels - class_start
-            owned = (local_class >= 0) & (local_class < logits.shape[1])
-            target = torch.zeros_like(row_max)
-            rows = owned.nonzero().squeeze(1)
-            target[rows, 0] = shifted[rows, local_class[rows]]
+            owned = ((local_class >= 0) & (local_class < logits.shape[1])).unsqueeze(1)
+            column = local_class.clamp(0, max(logits.shape[1] - 1, 0)).unsqueeze(1)
+            target = (
+                torch.where(owned, shifted.gather(1, column), 0.0)
+                if logits.shape[1]
+                else torch.zeros_like(row_max)
+            )
             stats = torch.cat((exp.sum(dim=1, keepdim=True), target), dim=1)
         stats = all_reduce(stats, class_group, profiler)
         with profiler.region("elementwise"):
             row_loss = stats[:, 0].log() - stats[:, 1]
-            totals = torch.stack((row_loss[mask].sum(), mask.sum().to(row_loss.dtype)))
+            totals = torch.stack(
+                (torch.where(mask, row_loss, 0.0).sum(), mask.sum().to(row_loss.dtype))
+            )
         totals = all_reduce(totals, row_group, profiler)
         count = totals[1].clamp(min=1.0)
-        ctx.save_for_backward(exp, stats[:, :1], rows, local_class, mask)
+        ctx.save_for_backward(exp, stats[:, :1], owned, column, mask)
         ctx.count = count
         return totals[0] / count
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        exp, sum_exp, rows, local_class, mask = ctx.saved_tensors
+        exp, sum_exp, owned, column, mask = ctx.saved_tensors
         grad_logits = exp / sum_exp
-        grad_logits[rows, local_class[rows]] -= 1.0
+        if grad_logits.shape[1]:
+            grad_logits.scatter_add_(1, column, -owned.to(grad_logits.dtype))
         grad_logits *= mask.unsqueeze(1).to(grad_logits.dtype) * (grad / ctx.count)
         return grad_logits, None, None, None, None, None
 
