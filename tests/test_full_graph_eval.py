@@ -10,6 +10,7 @@ run empty chunks.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.scalegnn import parameter_shards
 from dgl_scalegnn.parallel.layout import Axis, Plane
 from dgl_scalegnn.sampling.blocks import full_block
-from dgl_scalegnn.sampling.store import RankStore
+from dgl_scalegnn.sampling.store import RankStore, release_pages
 from tests.helpers import prepared_dgl_graph, random_dataset, relative_error
 from tests.oracle import assemble
 from tests.ranks import spawn_ranks
@@ -157,3 +158,22 @@ def test_store_plane_sharing_depends_on_ranges_only(prepared):
         same = coords.z == coords.y and coords.x == coords.z
         assert (zx is yz) == same
         assert torch.equal(full_block(zx).dense(), full_block(yz).dense()) or not same
+
+
+def _resident_file_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no RssFile in /proc/self/status")
+
+
+def test_released_pages_leave_the_resident_set_and_read_back(tmp_path):
+    expected = np.arange(8 * 2**20 // 4, dtype=np.int32)  # 8 MB
+    np.save(tmp_path / "a.npy", expected)
+    mapped = np.load(tmp_path / "a.npy", mmap_mode="r")
+    assert int(mapped.sum(dtype=np.int64)) == int(expected.sum(dtype=np.int64))  # touch all
+    before = _resident_file_mb()
+    release_pages(mapped)
+    assert before - _resident_file_mb() > 6
+    assert np.array_equal(mapped, expected)
+    release_pages(expected)  # not mapped: nothing to do

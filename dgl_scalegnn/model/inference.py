@@ -67,10 +67,19 @@ class RowChunk:
     start: int
     stop: int
 
-    def local_positions(self, axis: Axis, coords: Coords, range_start: int) -> torch.Tensor:
-        """Local row positions of the chunk's vertices in a full matrix split along ``axis``
-        whose rows on this rank start at vertex ``range_start``."""
-        return self.rows.ids(axis, coords.along(axis)) - range_start
+    def rows_of(
+        self, matrix: torch.Tensor, axis: Axis, coords: Coords, range_start: int
+    ) -> torch.Tensor:
+        """The chunk's rows of this rank's shard ``matrix`` of a full-graph matrix split along
+        ``axis`` (its rows start at vertex ``range_start``): a view when they are contiguous
+        (always on one process), else a gather."""
+        ids = self.rows.ids(axis, coords.along(axis))
+        if ids.numel() == 0:
+            return matrix[:0]
+        first, last = (int(v) - range_start for v in ids[[0, -1]].tolist())
+        if last - first + 1 == ids.numel():
+            return matrix[first : last + 1]
+        return matrix.index_select(0, ids - range_start)
 
 
 def row_chunks(

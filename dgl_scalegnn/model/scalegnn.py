@@ -277,8 +277,7 @@ class ParallelScaleGNN(nn.Module):
             out, out_spec = parallel_linear(
                 out, self.params[f"layer{index}_weight"], out_spec, cfg.hidden, runtime
             )
-            positions = chunk.local_positions(layout.rows, coords, input_start)
-            chunk_input = layer_input.index_select(0, positions)
+            chunk_input = chunk.rows_of(layer_input, layout.rows, coords, input_start)
             return self._tail(out, out_spec, chunk_input, input_spec, EVAL_STEP, index, False)
 
         out_spec = spec.with_layout(layout.after_gcn_layer())

@@ -18,6 +18,8 @@ they are (:meth:`RankStore.full_graph`).
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import torch
 
@@ -33,7 +35,7 @@ from dgl_scalegnn.parallel.spmm import build_local_spmm
 from dgl_scalegnn.sampling.blocks import ColumnMap, CSRBlock, extract_block
 from dgl_scalegnn.sampling.uniform import inclusion_probability
 
-__all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees"]
+__all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees", "release_pages"]
 
 SPLITS = ("train", "val", "test")
 
@@ -60,13 +62,28 @@ def load_csr_block(
         col_stop=c1,
         indptr=torch.from_numpy(read.indptr),
         indices=torch.from_numpy(
-            (read.indices - c0).astype(np.int32 if c1 - c0 < 2**31 else np.int64)
+            # read.indices is ours: offset it in place rather than through an int64 copy
+            np.subtract(read.indices, c0, out=read.indices).astype(
+                np.int32 if c1 - c0 < 2**31 else np.int64, copy=False
+            )
         ),
         values=torch.from_numpy(read.values),
         row_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[r0:r1], dtype)),
         col_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[c0:c1], dtype)),
     )
     return block, read.bytes_read
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Drop this process's resident pages of a memory-mapped ``array`` (no-op otherwise).
+
+    Pages touched through a memory map count in the resident set until unmapped; the
+    adjacency arrays are read once to build the blocks, so their pages are dropped then
+    (they stay in the page cache, and are read again if touched).
+    """
+    mapping = getattr(array, "_mmap", None)
+    if isinstance(mapping, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        mapping.madvise(mmap.MADV_DONTNEED)
 
 
 class RankStore:
@@ -107,6 +124,9 @@ class RankStore:
                 by_range[ranges] = block.to(self.device)
                 self.bytes_read += bytes_read
             self.blocks[plane] = by_range[ranges]
+        adjacency = graph.adjacency
+        for array in (adjacency.rows, adjacency.cols, adjacency.values, adjacency.degrees):
+            release_pages(array)
         self.column_maps = {
             plane: ColumnMap(block.col_stop - block.col_start, self.device)
             for plane, block in self.blocks.items()
