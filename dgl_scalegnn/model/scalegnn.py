@@ -17,7 +17,7 @@ coordinates: the same run gives the same numbers on any grid (up to reduction or
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +26,13 @@ from torch import nn
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.dist.comm import Runtime, all_reduce
 from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.model.inference import (
+    DEFAULT_CHUNK_ROWS,
+    CSRRows,
+    FullGraph,
+    RowChunk,
+    row_chunks,
+)
 from dgl_scalegnn.parallel.elementwise import LayerTail, hashed_dropout
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Layout, Plane, block_range
 from dgl_scalegnn.parallel.ops import (
@@ -56,6 +63,8 @@ __all__ = [
 
 #: Dropout-mask key of the input features (GCN layers use 0..L-1).
 INPUT_DROPOUT_LAYER = -1
+#: Step key of full-graph evaluation (no dropout, so it only has to be some integer).
+EVAL_STEP = -1
 
 
 @dataclass(frozen=True)
@@ -216,6 +225,82 @@ class ParallelScaleGNN(nn.Module):
             hidden = self._tail(hidden, spec, layer_input, input_spec, batch.step, index, training)
         return parallel_linear(hidden, self.params["head"], spec, self.num_classes, runtime)
 
+    @torch.no_grad()
+    def forward_full_graph(
+        self, graph: FullGraph, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> tuple[torch.Tensor, ShardSpec]:
+        """Logits of every vertex, layer by layer in chunks of ``chunk_rows`` output rows.
+
+        The operators of :meth:`forward` with ``training=False`` (no dropout), applied to
+        one chunk of a layer's output rows at a time and multiplying by the resident CSR
+        blocks (:mod:`~dgl_scalegnn.model.inference`): the only full-size buffers are a
+        layer's input and output.
+        """
+        cfg, runtime = self.cfg, self.runtime
+
+        def project(chunk: RowChunk) -> torch.Tensor:
+            chunk_spec = ShardSpec(INPUT_LAYOUT, chunk.rows, self.in_features)
+            features = graph.features[chunk.start : chunk.stop]
+            return parallel_linear(
+                features, self.params["input_proj"], chunk_spec, cfg.hidden, runtime
+            )[0]
+
+        spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, cfg.hidden)
+        hidden = self._by_row_chunks(spec, chunk_rows, graph.features.dtype, project)
+        for index in range(cfg.layers):
+            # the layer's input is freed once its output is complete
+            hidden, spec = self._full_graph_layer(graph, index, hidden, spec, chunk_rows)
+        return parallel_linear(hidden, self.params["head"], spec, self.num_classes, runtime)
+
+    def _full_graph_layer(
+        self,
+        graph: FullGraph,
+        index: int,
+        layer_input: torch.Tensor,
+        spec: ShardSpec,
+        chunk_rows: int,
+    ) -> tuple[torch.Tensor, ShardSpec]:
+        """GCN layer ``index`` on the whole graph, one chunk of output rows at a time."""
+        cfg, runtime = self.cfg, self.runtime
+        coords = runtime.grid.coords
+        layout = spec.layout
+        block = graph.blocks[layout.spmm_plane()]
+        input_start = graph.rows.range(layout.rows, coords.along(layout.rows))[0]
+
+        def compute(chunk: RowChunk) -> torch.Tensor:
+            input_spec = ShardSpec(layout, chunk.rows, cfg.hidden)
+            # The SpMM reads every input row; the spec only carries the layout and names
+            # the chunk's rows, which the output keeps.
+            out, out_spec = parallel_spmm(
+                layer_input, CSRRows(block, chunk.start, chunk.stop), input_spec, runtime
+            )
+            out, out_spec = parallel_linear(
+                out, self.params[f"layer{index}_weight"], out_spec, cfg.hidden, runtime
+            )
+            chunk_input = chunk.rows_of(layer_input, layout.rows, coords, input_start)
+            return self._tail(out, out_spec, chunk_input, input_spec, EVAL_STEP, index, False)
+
+        out_spec = spec.with_layout(layout.after_gcn_layer())
+        return self._by_row_chunks(out_spec, chunk_rows, layer_input.dtype, compute), out_spec
+
+    def _by_row_chunks(
+        self,
+        spec: ShardSpec,
+        chunk_rows: int,
+        dtype: torch.dtype,
+        compute: Callable[[RowChunk], torch.Tensor],
+    ) -> torch.Tensor:
+        """The local shard of the full-graph matrix ``spec``, filled chunk by chunk."""
+        grid = self.runtime.grid
+        device = spec.rows.vertex_ids.device
+        out = torch.empty(spec.local_shape(grid.shape, grid.coords), dtype=dtype, device=device)
+        axis = spec.layout.rows
+        for chunk in row_chunks(
+            spec.rows.num_nodes, axis, grid.shape, grid.coords, chunk_rows, device
+        ):
+            out[chunk.start : chunk.stop] = compute(chunk)
+        return out
+
     def _dropout(
         self, x: torch.Tensor, spec: ShardSpec, step: int, layer: int, rate: float
     ) -> torch.Tensor:
@@ -276,7 +361,7 @@ class ParallelScaleGNN(nn.Module):
 
     @torch.no_grad()
     def accuracy_counts(
-        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch
+        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch | FullGraph
     ) -> dict[str, tuple[float, float]]:
         """Per split, (correct, total) summed over the group (micro-F1 terms if multi-label)."""
         grid, profiler = self.runtime.grid, self.runtime.profiler

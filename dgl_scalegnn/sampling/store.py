@@ -9,11 +9,16 @@ At start-up a rank reads from the (memory-mapped) prepared graph only:
 - labels and masks of its row range along the logits' row axis;
 - :math:`\\hat d^{-1/2}` of the vertex ranges it touches.
 
-Per step, :meth:`RankStore.batch` builds the rank's mini-batch from a shared sorted
-sample with no communication (Algorithm 2, :func:`~dgl_scalegnn.sampling.blocks.extract_block`).
+Planes whose row and column ranges coincide on this rank (all of them on one process)
+share one block. Per step, :meth:`RankStore.batch` builds the rank's mini-batch from a
+shared sorted sample with no communication (Algorithm 2,
+:func:`~dgl_scalegnn.sampling.blocks.extract_block`); evaluation reads the blocks as
+they are (:meth:`RankStore.full_graph`).
 """
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 import torch
@@ -22,14 +27,15 @@ from dgl_scalegnn.data.normalize import inverse_sqrt_degrees
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.data.tiles import TiledAdjacency, Verify, no_check, read_block
 from dgl_scalegnn.dist.grid import Grid4D
+from dgl_scalegnn.model.inference import FullGraph
 from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layout
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Plane, block_range
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import build_local_spmm
-from dgl_scalegnn.sampling.blocks import ColumnMap, CSRBlock, extract_block, full_block
+from dgl_scalegnn.sampling.blocks import ColumnMap, CSRBlock, extract_block
 from dgl_scalegnn.sampling.uniform import inclusion_probability
 
-__all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees"]
+__all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees", "release_pages"]
 
 SPLITS = ("train", "val", "test")
 
@@ -56,13 +62,28 @@ def load_csr_block(
         col_stop=c1,
         indptr=torch.from_numpy(read.indptr),
         indices=torch.from_numpy(
-            (read.indices - c0).astype(np.int32 if c1 - c0 < 2**31 else np.int64)
+            # read.indices is ours: offset it in place rather than through an int64 copy
+            np.subtract(read.indices, c0, out=read.indices).astype(
+                np.int32 if c1 - c0 < 2**31 else np.int64, copy=False
+            )
         ),
         values=torch.from_numpy(read.values),
         row_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[r0:r1], dtype)),
         col_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[c0:c1], dtype)),
     )
     return block, read.bytes_read
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Drop this process's resident pages of a memory-mapped ``array`` (no-op otherwise).
+
+    Pages touched through a memory map count in the resident set until unmapped; the
+    adjacency arrays are read once to build the blocks, so their pages are dropped then
+    (they stay in the page cache, and are read again if touched).
+    """
+    mapping = getattr(array, "_mmap", None)
+    if isinstance(mapping, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        mapping.madvise(mmap.MADV_DONTNEED)
 
 
 class RankStore:
@@ -95,12 +116,17 @@ class RankStore:
         n = graph.meta.num_nodes
         self.blocks: dict[Plane, CSRBlock] = {}
         self.bytes_read = 0
+        by_range: dict[tuple[tuple[int, int], tuple[int, int]], CSRBlock] = {}
         for plane in adjacency_planes(num_layers):
-            rows = self._vertex_range(plane.rows)
-            cols = self._vertex_range(plane.cols)
-            block, bytes_read = load_csr_block(graph.adjacency, rows, cols, graph.verify)
-            self.blocks[plane] = block.to(self.device)
-            self.bytes_read += bytes_read
+            ranges = self._vertex_range(plane.rows), self._vertex_range(plane.cols)
+            if ranges not in by_range:
+                block, bytes_read = load_csr_block(graph.adjacency, *ranges, graph.verify)
+                by_range[ranges] = block.to(self.device)
+                self.bytes_read += bytes_read
+            self.blocks[plane] = by_range[ranges]
+        adjacency = graph.adjacency
+        for array in (adjacency.rows, adjacency.cols, adjacency.values, adjacency.degrees):
+            release_pages(array)
         self.column_maps = {
             plane: ColumnMap(block.col_stop - block.col_start, self.device)
             for plane, block in self.blocks.items()
@@ -120,7 +146,6 @@ class RankStore:
         self.labels = self._load(graph.labels[l0:l1])
         self.masks = {split: self._load(getattr(graph, f"{split}_mask")[l0:l1]) for split in SPLITS}
         self.num_nodes = n
-        self._full: RankBatch | None = None
 
     def _load(self, array: np.ndarray) -> torch.Tensor:
         """Copy a (memory-mapped) slice into a tensor on the device, counting the bytes."""
@@ -132,11 +157,10 @@ class RankStore:
         return block_range(self.meta.num_nodes, self.grid.size(axis), self.grid.coord(axis))
 
     def nbytes(self) -> int:
-        """Bytes of graph data this rank holds."""
+        """Bytes of graph data this rank holds (a block shared by planes counts once)."""
         tensors = [self.features, self.labels, *self.masks.values()]
-        return sum(b.nbytes() for b in self.blocks.values()) + sum(
-            t.numel() * t.element_size() for t in tensors
-        )
+        blocks = {id(b): b for b in self.blocks.values()}.values()
+        return sum(b.nbytes() for b in blocks) + sum(t.numel() * t.element_size() for t in tensors)
 
     def _local(self, rows: RowPartition, axis: Axis, start: int) -> torch.Tensor:
         return rows.ids(axis, self.grid.coord(axis)) - start
@@ -162,19 +186,13 @@ class RankStore:
             masks={split: mask.index_select(0, label_rows) for split, mask in self.masks.items()},
         )
 
-    def full_batch(self) -> RankBatch:
-        """The whole graph, unsampled and unscaled, for evaluation (built once)."""
-        if self._full is None:
-            everything = torch.arange(self.num_nodes, device=self.device)
-            self._full = RankBatch(
-                step=-1,
-                rows=RowPartition.of(everything, self.num_nodes, self.grid.shape),
-                adjacency={
-                    plane: build_local_spmm(full_block(block), self.kernel)
-                    for plane, block in self.blocks.items()
-                },
-                features=self.features,
-                labels=self.labels,
-                masks=self.masks,
-            )
-        return self._full
+    def full_graph(self) -> FullGraph:
+        """The whole graph for evaluation: views of the resident share, nothing copied."""
+        everything = torch.arange(self.num_nodes, device=self.device)
+        return FullGraph(
+            rows=RowPartition.of(everything, self.num_nodes, self.grid.shape),
+            blocks=self.blocks,
+            features=self.features,
+            labels=self.labels,
+            masks=self.masks,
+        )

@@ -241,11 +241,11 @@ class Trainer:
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Full-graph accuracy per split (one distributed forward, no sampling)."""
+        """Full-graph accuracy per split (a layer-wise distributed forward in row chunks)."""
         self.model.eval()
-        batch = self.store.full_batch()
-        logits, spec = self.model(batch, training=False)
-        counts = self.model.accuracy_counts(logits, spec, batch)
+        graph = self.store.full_graph()
+        logits, spec = self.model.forward_full_graph(graph)
+        counts = self.model.accuracy_counts(logits, spec, graph)
         return {f"{split}_acc": c / max(total, 1.0) for split, (c, total) in counts.items()}
 
     # ----------------------------------------------------------------- the loop

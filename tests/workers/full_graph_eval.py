@@ -1,0 +1,71 @@
+"""Rank worker: full-graph logits and accuracy, layer-wise in row chunks and as one batch.
+
+Run by :func:`tests.ranks.spawn_ranks` as ``tests.workers.full_graph_eval:main``. For
+each model variant of the spec, saves ``rank{r}_{variant}.pt`` to ``spec["out"]``: the
+logits shard of :meth:`ParallelScaleGNN.forward_full_graph` (``spec["chunk_rows"]``
+rows per chunk) and of the training forward on a whole-graph batch built with
+:func:`~dgl_scalegnn.sampling.blocks.full_block` (the evaluation before the layer-wise
+one), and the accuracy counts of both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dgl_scalegnn.config import config_from_mapping
+from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.model.scalegnn import RankBatch
+from dgl_scalegnn.parallel.spmm import build_local_spmm
+from dgl_scalegnn.sampling.blocks import full_block
+from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.run import end_session, start_session
+from dgl_scalegnn.train.trainer import Trainer
+from tests.helpers import random_dataset
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(1)
+    base = {
+        "sampling": {"batch_size": spec["batch_size"], "seed": 0},
+        "train": {"seed": 0, "progress": False},
+        "parallel": {"grid": spec["grid"]},
+    }
+    session = start_session(config_from_mapping(base).parallel)
+    runtime = session.runtime
+    grid = runtime.grid
+    prepared = prepare_in_memory(random_dataset(**spec["graph"]), permutation_seed=3)
+    try:
+        for name, model in spec["variants"].items():
+            cfg = config_from_mapping({**base, "model": model})
+            trainer = Trainer(cfg, prepared, runtime, MetricsWriter(None, enabled=False))
+            trainer.train_step(trainer.sample(0))  # weights no longer grid-symmetric
+            graph = trainer.store.full_graph()
+            with torch.no_grad():
+                logits, logits_spec = trainer.model.forward_full_graph(graph, spec["chunk_rows"])
+                whole = RankBatch(
+                    step=-1,
+                    rows=graph.rows,
+                    adjacency={p: build_local_spmm(full_block(b)) for p, b in graph.blocks.items()},
+                    features=graph.features,
+                    labels=graph.labels,
+                    masks=graph.masks,
+                )
+                batch_logits, _ = trainer.model(whole, training=False)
+            record = {
+                "coords": [grid.coords.d, grid.coords.x, grid.coords.y, grid.coords.z],
+                "logits": logits,
+                "batch_logits": batch_logits,
+                "logit_rows": logits_spec.row_range(grid.coords),
+                "logit_cols": logits_spec.col_range(grid.shape, grid.coords),
+                "accuracy": trainer.evaluate(),
+                "batch_counts": trainer.model.accuracy_counts(batch_logits, logits_spec, whole),
+                "counts": trainer.model.accuracy_counts(logits, logits_spec, graph),
+                "params": {n: p.detach().clone() for n, p in trainer.model.params.items()},
+            }
+            torch.save(record, Path(spec["out"]) / f"rank{grid.rank}_{name}.pt")
+    finally:
+        end_session(session)
