@@ -133,7 +133,7 @@ def test_one_batch_stays_within_its_host_sync_budget(store):
     assert set(syncs.calls) <= {"tolist", "_local_scalar_dense", "nonzero"}, dict(syncs.calls)
 
 
-def test_evaluation_batch_builds_no_transpose_until_a_backward_product(store):
+def test_batch_builds_no_transpose_until_a_backward_product(store):
     sorts = []
 
     class _CountSorts(torch.overrides.TorchFunctionMode):
@@ -144,8 +144,9 @@ def test_evaluation_batch_builds_no_transpose_until_a_backward_product(store):
 
     graph = prepare_in_memory(random_dataset(num_nodes=60, num_edges=300), 0)
     fresh = RankStore(graph, store.grid, num_layers=3)
+    everything = torch.arange(graph.meta.num_nodes)  # B = N: p = 1, the stored values
     with _CountSorts():
-        full = fresh.full_batch()
+        full = fresh.batch(everything, step=0)
         for spmm in full.adjacency.values():
             spmm.matmul(torch.ones(spmm.num_cols, 2))
     assert sorts == []
