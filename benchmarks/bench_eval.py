@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from benchmarks.baselines.graphsage import SAGE, layerwise_inference
-from benchmarks.common import quick_mode, write_results
+from benchmarks.common import prepared_dgl_graph, quick_mode, write_results
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import SyntheticConfig, config_from_mapping
-from dgl_scalegnn.data.prepared import PreparedGraph, open_prepared, prepare_in_memory
+from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.dist.comm import Runtime
 from dgl_scalegnn.model.scalegnn import RankBatch
@@ -64,16 +64,6 @@ class GraphConvStack(torch.nn.Module):
     def layer(self, index: int, block: dgl.DGLGraph, h: torch.Tensor) -> torch.Tensor:
         h = self.convs[index](block, h, edge_weight=block.edata["w"])
         return torch.relu(h) if index < self.num_layers - 1 else h
-
-
-def _dgl_graph(prepared: PreparedGraph) -> dgl.DGLGraph:
-    """The normalised adjacency as a DGLGraph (edge col -> row, weight ``w``)."""
-    adjacency = prepared.adjacency
-    rows = torch.from_numpy(np.asarray(adjacency.rows, dtype=np.int64))
-    cols = torch.from_numpy(np.asarray(adjacency.cols, dtype=np.int64))
-    graph = dgl.graph((cols, rows), num_nodes=prepared.meta.num_nodes)
-    graph.edata["w"] = torch.from_numpy(np.asarray(adjacency.values))
-    return graph
 
 
 def _rounds(evaluate: Callable[[], object], rounds: int) -> list[float]:
@@ -121,7 +111,7 @@ def main() -> dict:
     results["ours_whole_batch"][0] += build
     del batch, graph  # before the DGL graph: the process holds one copy at a time
 
-    dgl_graph = _dgl_graph(prepared)
+    dgl_graph = prepared_dgl_graph(prepared)
     features = torch.from_numpy(np.asarray(prepared.features))
     all_ids = torch.arange(meta.num_nodes)
     evaluated = torch.from_numpy(np.flatnonzero(prepared.val_mask | prepared.test_mask))

@@ -18,7 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import median_seconds, pyplot, quick_mode, save_plot, write_results
+from benchmarks.common import (
+    median_seconds,
+    prepared_dgl_graph,
+    pyplot,
+    quick_mode,
+    save_plot,
+    write_results,
+)
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
@@ -33,15 +40,7 @@ from dgl_scalegnn.sampling.uniform import (
 
 
 def _dgl_graph(prepared) -> dgl.DGLGraph:
-    adjacency = prepared.adjacency
-    graph = dgl.graph(
-        (
-            torch.from_numpy(adjacency.cols.astype("int64")),
-            torch.from_numpy(adjacency.rows.astype("int64")),
-        ),
-        num_nodes=prepared.meta.num_nodes,
-    )
-    graph.edata["w"] = torch.from_numpy(adjacency.values)
+    graph = prepared_dgl_graph(prepared)
     graph.ndata["feat"] = torch.from_numpy(prepared.features)
     graph.ndata["label"] = torch.from_numpy(prepared.labels)
     graph.create_formats_()

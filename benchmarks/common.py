@@ -11,7 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.data.prepared import PreparedGraph
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -63,3 +67,13 @@ def save_plot(figure, results_path: Path) -> None:
     figure.tight_layout()
     figure.savefig(results_path.with_suffix(".png"), dpi=120)
     print(f"wrote {results_path} and {results_path.with_suffix('.png')}", flush=True)
+
+
+def prepared_dgl_graph(prepared: PreparedGraph) -> dgl.DGLGraph:
+    """The prepared normalised adjacency as a DGLGraph (edge col -> row, weight ``w``)."""
+    adjacency = prepared.adjacency
+    rows = torch.from_numpy(np.asarray(adjacency.rows, dtype=np.int64))
+    cols = torch.from_numpy(np.asarray(adjacency.cols, dtype=np.int64))
+    graph = dgl.graph((cols, rows), num_nodes=prepared.meta.num_nodes)
+    graph.edata["w"] = torch.from_numpy(np.asarray(adjacency.values))
+    return graph

@@ -11,7 +11,6 @@ import torch
 import yaml
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.graph import NodeDataset
-from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.dist.grid import GridShape
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.ranks import spawn_ranks
@@ -44,16 +43,6 @@ def random_dataset(
     graph.ndata["val_mask"] = torch.from_numpy((split >= 0.6) & (split < 0.8))
     graph.ndata["test_mask"] = torch.from_numpy(split >= 0.8)
     return NodeDataset("random", graph, num_classes)
-
-
-def prepared_dgl_graph(prepared: PreparedGraph) -> dgl.DGLGraph:
-    """The prepared normalised adjacency as a DGLGraph (edge col -> row, weight ``w``)."""
-    adjacency = prepared.adjacency
-    rows = torch.from_numpy(np.asarray(adjacency.rows, dtype=np.int64))
-    cols = torch.from_numpy(np.asarray(adjacency.cols, dtype=np.int64))
-    graph = dgl.graph((cols, rows), num_nodes=prepared.meta.num_nodes)
-    graph.edata["w"] = torch.from_numpy(np.asarray(adjacency.values))
-    return graph
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

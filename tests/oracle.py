@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.sampling.uniform import UniformVertexSampler, sample_vertices, step_seed
-from tests.helpers import prepared_dgl_graph
 
 
 def reference_step(

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.normalize import gcn_normalize
 from dgl_scalegnn.data.prepared import prepare_in_memory
@@ -23,7 +24,7 @@ from dgl_scalegnn.sampling.uniform import (
     inclusion_probability,
     sample_vertices,
 )
-from tests.helpers import prepared_dgl_graph, random_dataset
+from tests.helpers import random_dataset
 
 XYZ = Layout(Axis.X, Axis.Y, Axis.Z)
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.dist.grid import Coords, Grid4D, GridShape
@@ -25,7 +26,7 @@ from dgl_scalegnn.model.scalegnn import parameter_shards
 from dgl_scalegnn.parallel.layout import Axis, Plane
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.sampling.store import RankStore, release_pages
-from tests.helpers import prepared_dgl_graph, random_dataset, relative_error
+from tests.helpers import random_dataset, relative_error
 from tests.oracle import assemble
 from tests.ranks import spawn_ranks
 
