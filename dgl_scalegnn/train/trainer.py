@@ -12,6 +12,7 @@ Training time excludes evaluation, as the paper reports it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import sys
@@ -47,8 +48,17 @@ def steps_per_epoch(num_nodes: int, batch_size: int, dp_size: int) -> int:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB (``ru_maxrss`` is in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    """Peak resident set size of this process so far, in MB.
+
+    Linux's ``VmHWM`` (the high-water mark of this program's own memory map) where it
+    exists: ``ru_maxrss`` survives ``fork`` and ``exec``, so a process started by a
+    large parent (a benchmark driver, a launcher) would report the parent's peak.
+    """
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB elsewhere
 
 
 @dataclass
