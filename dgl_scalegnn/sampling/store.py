@@ -165,13 +165,31 @@ class RankStore:
     def _local(self, rows: RowPartition, axis: Axis, start: int) -> torch.Tensor:
         return rows.ids(axis, self.grid.coord(axis)) - start
 
+    def _spans(self, rows: RowPartition, plane: Plane) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Offsets of the plane block's row and column vertices in the sorted sample."""
+        coord = self.grid.coord
+        return rows.range(plane.rows, coord(plane.rows)), rows.range(plane.cols, coord(plane.cols))
+
     def batch(self, sample: torch.Tensor, step: int) -> RankBatch:
-        """This rank's mini-batch for the sorted sample ``sample`` (no communication)."""
+        """This rank's mini-batch for the sorted sample ``sample`` (no communication).
+
+        Give the sample where the sampler drew it (the CPU): the partition offsets and
+        every block's row and column spans are read there, and only the ids are copied
+        to the device, so the device is waited for only for the two data-dependent
+        sizes of each block (:func:`~dgl_scalegnn.sampling.blocks.extract_block`).
+        """
         p = inclusion_probability(self.num_nodes, int(sample.numel()))
-        rows = RowPartition.of(sample, self.num_nodes, self.grid.shape)
+        rows = RowPartition.of(sample, self.num_nodes, self.grid.shape, device=self.device)
         adjacency = {
             plane: build_local_spmm(
-                extract_block(block, sample, p, self.column_maps[plane]), self.kernel
+                extract_block(
+                    block,
+                    rows.vertex_ids,
+                    p,
+                    self.column_maps[plane],
+                    spans=self._spans(rows, plane),
+                ),
+                self.kernel,
             )
             for plane, block in self.blocks.items()
         }
@@ -188,9 +206,9 @@ class RankStore:
 
     def full_graph(self) -> FullGraph:
         """The whole graph for evaluation: views of the resident share, nothing copied."""
-        everything = torch.arange(self.num_nodes, device=self.device)
+        everything = torch.arange(self.num_nodes)  # offsets found on the host
         return FullGraph(
-            rows=RowPartition.of(everything, self.num_nodes, self.grid.shape),
+            rows=RowPartition.of(everything, self.num_nodes, self.grid.shape, self.device),
             blocks=self.blocks,
             features=self.features,
             labels=self.labels,

@@ -182,7 +182,7 @@ class Trainer:
         seed = step_seed(self.cfg.sampling.seed, self.grid.coords.d, global_step)
         with self.runtime.profiler.region("sampling"):
             vertices = sample_vertices(self.num_nodes, self.cfg.sampling.batch_size, seed)
-            return self.store.batch(vertices.to(self.device), global_step)
+            return self.store.batch(vertices, global_step)  # CPU sample: see RankStore.batch
 
     @staticmethod
     def _nonfinite_flag(loss: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
