@@ -151,7 +151,8 @@ def markdown(payload: Mapping[str, Any]) -> str:
     lines = [
         "# Scale benchmark: test accuracy against training seconds",
         "",
-        f"{plan['num_nodes']:,} vertices per graph, B = {plan['batch_size']:,}; "
+        f"{plan['num_nodes']:,} vertices per graph, B = {plan['batch_size']:,} unless "
+        "dgl_scalegnn's sweep chose another (final settings below each table); "
         f"{plan['budget_s']:.0f} s of training per run (evaluation excluded), seeds "
         f"{list(plan['seeds'])}; quick mode: {plan.get('quick')}; run time "
         f"{payload['minutes']:.1f} min. Made by `make bench-scale` (benchmarks/bench_scale.py).",
@@ -192,6 +193,12 @@ def markdown(payload: Mapping[str, Any]) -> str:
             ]
             rows.append(row)
         lines += _table(headers, rows)
+        lines += ["", "Final settings:", ""]
+        lines += [
+            f"- {method}: `{runs[0].get('settings', {})}`"
+            for method, runs in report["runs"].items()
+            if runs
+        ]
         warmups = [
             f"{method}: {fig['first_step_s']:.2f} s"
             for method, fig in analysis["methods"].items()
