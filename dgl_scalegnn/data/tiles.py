@@ -164,24 +164,48 @@ def read_block(
     ([0, 1, 3], [2, 2, 3])
     """
     (r0, r1), (c0, c1) = rows, cols
+    num_rows = max(r1 - r0, 0)
     entry_bytes = adjacency.rows.itemsize + adjacency.cols.itemsize + adjacency.values.itemsize
+    # Pass 1 keeps each run's entries inside the block in the stored index width (rows
+    # made local); pass 2 places them by a counting sort. No int64 copy and no argsort
+    # of the whole block: the peak is the block itself plus one run.
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    counts = np.zeros(num_rows, dtype=np.int64)
     bytes_read = 0
     for start, stop in _runs(adjacency, rows, cols, verify):
         for name in ("rows", "cols", "values"):
             verify(name, start, stop)
-        run_rows = np.asarray(adjacency.rows[start:stop], dtype=np.int64)
-        run_cols = np.asarray(adjacency.cols[start:stop], dtype=np.int64)
-        run_values = np.asarray(adjacency.values[start:stop])
+        run_rows, run_cols = adjacency.rows[start:stop], adjacency.cols[start:stop]
         bytes_read += (stop - start) * entry_bytes
         inside = (run_rows >= r0) & (run_rows < r1) & (run_cols >= c0) & (run_cols < c1)
-        parts.append((run_rows[inside], run_cols[inside], run_values[inside]))
-    block_rows = np.concatenate([p[0] for p in parts] or [np.zeros(0, np.int64)])
-    block_cols = np.concatenate([p[1] for p in parts] or [np.zeros(0, np.int64)])
-    block_values = np.concatenate([p[2] for p in parts] or [np.zeros(0, adjacency.values.dtype)])
-    # Runs of several column tiles interleave rows: a stable sort by row keeps the
-    # columns of a row ascending, since column tiles ascend.
-    order = np.argsort(block_rows, kind="stable")
-    indptr = np.zeros(max(r1 - r0, 0) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(block_rows - r0, minlength=max(r1 - r0, 0)), out=indptr[1:])
-    return BlockRead(indptr, block_cols[order], block_values[order], bytes_read)
+        local = run_rows[inside] - run_rows.dtype.type(r0)
+        if local.size:
+            _add_row_counts(counts, local)
+            parts.append(
+                (local, run_cols[inside], np.asarray(adjacency.values[start:stop])[inside])
+            )
+    indptr = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    indices = np.empty(int(indptr[-1]), dtype=adjacency.cols.dtype)
+    values = np.empty(int(indptr[-1]), dtype=adjacency.values.dtype)
+    cursor = indptr[:-1].copy()
+    for local, part_cols, part_values in parts:
+        # A run holds its row tile's column tiles one after another, each sorted by
+        # row: a stable sort by row keeps a row's columns ascending (column tiles ascend).
+        order = np.argsort(local, kind="stable")
+        sorted_rows = local[order]
+        first = np.flatnonzero(np.diff(sorted_rows, prepend=sorted_rows[0] - 1))
+        rank = np.arange(sorted_rows.size) - np.repeat(
+            first, np.diff(first, append=sorted_rows.size)
+        )
+        slots = cursor[sorted_rows] + rank
+        indices[slots], values[slots] = part_cols[order], part_values[order]
+        _add_row_counts(cursor, local)
+    return BlockRead(indptr, indices, values, bytes_read)
+
+
+def _add_row_counts(counts: np.ndarray, local_rows: np.ndarray) -> None:
+    """``counts[r] += (occurrences of r)``; the rows of a run span one row tile only."""
+    low = int(local_rows.min())
+    per_row = np.bincount(local_rows - local_rows.dtype.type(low))
+    counts[low : low + per_row.size] += per_row
