@@ -33,7 +33,8 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
     cfg = load_config(ROOT / scale_presets.CONFIG_FILES[name])
     assert cfg.data.name == "synthetic"
     assert cfg.data.synthetic == scale_presets.preset(name, 1_000_000)
-    assert cfg.sampling.batch_size == 100_000  # B = N/10, as the benchmark runs it
+    # a B the benchmark's quick sweep tries (N/10, or N/40 where that measured faster)
+    assert 1_000_000 // cfg.sampling.batch_size in (10, 40)
     assert (cfg.model.layers, cfg.model.norm, cfg.model.residual) == (2, True, False)
 
 
