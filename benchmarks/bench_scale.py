@@ -32,9 +32,10 @@ fastest peer at the same process count; >= 20x faster evaluation than neighbour-
 evaluation).
 
 Quick mode (``SCALEGNN_BENCH_QUICK=1``, the default): 30 s of training per final run
-and 6 evaluations, 7.5 s (ours: 6 steps) per sweep setting, two settings per sweep, one
-seed. Full mode: 240 s and 10 evaluations, 60 s (20 steps), larger sweeps, three
-seeds. Environment:
+and 6 evaluations, 7.5 s (ours: 6 steps at N/10, more at smaller B) per sweep setting,
+two settings per sweep (read at their end), one seed; about 15 min on the sparse graph
+and 30 min on the products-like one on 2 cores. Full mode: 240 s and 10 evaluations,
+60 s (20 steps), larger sweeps, three seeds. Environment:
 
 ``SCALEGNN_BENCH_SCALE_NODES``
     Vertices of both graphs (default 1,000,000); B stays N/10.
