@@ -14,6 +14,7 @@ import itertools
 import json
 import subprocess
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -185,29 +186,34 @@ def test_layerwise_inference_with_all_neighbours_is_exact(small) -> None:
 
 
 class _Scripted:
-    """A baseline whose epochs and evaluations take known times."""
+    """A baseline whose epochs and evaluations take known times on a fake clock."""
 
-    def __init__(self, accuracies: list[tuple[float, float]]) -> None:
-        self.accuracies = iter(accuracies)
+    def __init__(self, accuracies: list[tuple[float, float]], clock: list[float]) -> None:
+        self.accuracies, self.clock = iter(accuracies), clock
 
     def train_epoch(self) -> None:
-        time.sleep(0.02)
+        self.clock[0] += 0.02
 
     def evaluate(self) -> tuple[float, float]:
-        time.sleep(0.1)
+        self.clock[0] += 0.1
         return next(self.accuracies)
 
 
-def test_run_epochs_books_training_time_without_evaluation() -> None:
-    result = training.run_epochs(_Scripted([(0.5, 0.4), (0.7, 0.6), (0.6, 0.9)]), 0.55, 5, 2)
+def test_run_epochs_books_training_time_without_evaluation(monkeypatch) -> None:
+    # The timings are read from a clock that only the scripted baseline advances, so a
+    # loaded machine cannot move them, and evaluation booked as training would show.
+    clock = [0.0]
+    monkeypatch.setattr(training, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    scripted = _Scripted([(0.5, 0.4), (0.7, 0.6), (0.6, 0.9)], clock)
+    result = training.run_epochs(scripted, 0.55, 5, 2)
     history = result["history"]
     assert [r["epoch"] for r in history] == [2, 4, 5]
     for record in history:
-        assert 0.02 * record["epoch"] <= record["train_s"] < 0.02 * record["epoch"] + 0.08
-        assert record["eval_s"] >= 0.1
+        assert record["train_s"] == pytest.approx(0.02 * record["epoch"])
+        assert record["eval_s"] == pytest.approx(0.1)
     assert (result["best_val_acc"], result["test_at_best_val"]) == (0.7, 0.6)
     assert result["time_to_target_s"] == history[1]["train_s"]
-    stopped = training.run_epochs(_Scripted([(0.5, 0.4), (0.7, 0.6)]), 0.55, 9, 1, True)
+    stopped = training.run_epochs(_Scripted([(0.5, 0.4), (0.7, 0.6)], clock), 0.55, 9, 1, True)
     assert [r["epoch"] for r in stopped["history"]] == [1, 2]
     never = training.summarise(history, 0.95)
     assert never["time_to_target_s"] is None
