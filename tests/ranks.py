@@ -3,7 +3,8 @@
 Ranks are forked from a forkserver that has already imported torch, DGL and
 dgl_scalegnn (importing them costs ~3 s of CPU per process; 8 ranks on 2 cores would
 spend most of a test importing). Each rank gets the environment torchrun gives
-(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), one thread, and its own
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), one thread (or the
+``OMP_NUM_THREADS`` the test passes in ``env``), and its own
 stdout/stderr files; a failing rank fails the test with every rank's output.
 """
 
@@ -52,7 +53,8 @@ def _rank_main(target: str, args: list[Any], env: dict[str, str], log_dir: str, 
     os.environ.update(env)
     import torch
 
-    torch.set_num_threads(1)
+    # one thread unless the test asked for more (the forkserver itself runs with one)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     module_name, function = target.split(":")
     try:
         result = getattr(importlib.import_module(module_name), function)(*args)
