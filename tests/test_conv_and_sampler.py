@@ -125,7 +125,7 @@ def test_rank_blocks_put_together_equal_the_single_process_subgraph(prepared, gr
             for plane in stores[0].blocks:
                 assembled = torch.full((batch_size, batch_size), float("nan"))
                 for store in stores:
-                    block = extract_block(store.blocks[plane], sample, p, store.column_maps[plane])
+                    block = extract_block(store.blocks[plane], sample, p, store.column_map(plane))
                     r0, _ = rows.range(plane.rows, store.grid.coord(plane.rows))
                     c0, _ = rows.range(plane.cols, store.grid.coord(plane.cols))
                     local = block.dense()

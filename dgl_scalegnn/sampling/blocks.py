@@ -27,7 +27,17 @@ import torch
 from dgl_scalegnn.parallel.spmm import BlockCOO
 from dgl_scalegnn.sampling.uniform import rescale_off_diagonal
 
-__all__ = ["CSRBlock", "ColumnMap", "extract_block", "full_block", "gather_rows"]
+__all__ = [
+    "CSRBlock",
+    "Candidates",
+    "ColumnMap",
+    "compact",
+    "extract_block",
+    "full_block",
+    "gather_candidates",
+    "gather_rows",
+    "gathered_count",
+]
 
 
 _TENSOR_FIELDS = ("indptr", "indices", "values", "row_scale", "col_scale")
@@ -69,20 +79,30 @@ class CSRBlock:
         return dataclasses.replace(self, **dict(zip(_TENSOR_FIELDS, moved)))
 
 
-def gather_rows(indptr: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_rows(
+    indptr: torch.Tensor, rows: torch.Tensor, total: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions of the entries of CSR ``rows``, and the prefix sum of the row lengths.
 
     The entry in output slot ``k`` belongs to ``rows[i]`` for the ``i`` with
-    ``ends[i-1] <= k < ends[i]`` (``torch.searchsorted(ends, k, right=True)``). The entry
-    count is read back once (one host synchronisation on an accelerator).
+    ``ends[i-1] <= k < ends[i]`` (``torch.searchsorted(ends, k, right=True)``). Give the
+    entry count ``total`` when it is known on the host (:func:`gathered_count`); otherwise
+    it is read back (one host synchronisation on an accelerator).
     """
     starts = indptr.index_select(0, rows)
     counts = indptr.index_select(0, rows + 1) - starts
     ends = torch.cumsum(counts, 0)
-    total = int(ends[-1]) if rows.numel() else 0
+    if total is None:
+        total = int(ends[-1]) if rows.numel() else 0
     positions = torch.repeat_interleave(starts - (ends - counts), counts, output_size=total)
     positions += torch.arange(total, device=rows.device)
     return positions, ends
+
+
+def gathered_count(host_indptr: torch.Tensor, host_rows: torch.Tensor) -> torch.Tensor:
+    """Entries in CSR rows ``host_rows``, as a 0-d tensor on the host (nothing is waited for)."""
+    starts = host_indptr.index_select(0, host_rows)
+    return (host_indptr.index_select(0, host_rows + 1) - starts).sum()
 
 
 class ColumnMap:
@@ -90,8 +110,8 @@ class ColumnMap:
 
     One map per block lives across steps. Each entry is ``tag << 32 | position``; tags
     only grow, so an entry belongs to the current use exactly when it is at least
-    ``current << 32``. :meth:`locate` writes the :math:`O(|S_c|)` sampled entries and
-    reads the candidates' entries, one gather each.
+    ``current << 32``. :meth:`mark` writes the :math:`O(|S_c|)` sampled entries and
+    returns that bound; :meth:`lookup` reads the candidates' entries, one gather each.
     """
 
     _SLOT_BITS = 32
@@ -100,10 +120,8 @@ class ColumnMap:
         self._code = torch.zeros(num_cols, dtype=torch.int64, device=device)
         self._current = 0
 
-    def locate(
-        self, sampled: torch.Tensor, candidates: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Indices of the ``candidates`` (column offsets) in ``sampled``, and their positions."""
+    def mark(self, sampled: torch.Tensor) -> int:
+        """Tag the column offsets ``sampled`` with their positions; returns the tag's base."""
         self._current += 1
         if self._current >= 2**30:  # never reached in practice; keeps codes in int64
             self._code.zero_()
@@ -112,9 +130,74 @@ class ColumnMap:
         self._code.index_copy_(
             0, sampled, base + torch.arange(sampled.numel(), device=sampled.device)
         )
-        codes = self._code.index_select(0, candidates)
-        kept = torch.nonzero(codes >= base).squeeze(1)
-        return kept, codes.index_select(0, kept) - base
+        return base
+
+    def lookup(self, candidates: torch.Tensor) -> torch.Tensor:
+        """Codes of the column offsets ``candidates``: ``base + position`` where sampled."""
+        return self._code.index_select(0, candidates)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """A block's gathered entries and which of them the sample keeps, not yet compacted.
+
+    Splitting extraction here lets a batch read the kept counts of all its blocks back
+    in one host synchronisation (:meth:`num_kept`, then :func:`compact`).
+    """
+
+    csr: CSRBlock
+    row_ids: torch.Tensor
+    col_ids: torch.Tensor
+    positions: torch.Tensor
+    ends: torch.Tensor
+    codes: torch.Tensor
+    base: int
+
+    def keep(self) -> torch.Tensor:
+        return self.codes >= self.base
+
+    def num_kept(self) -> torch.Tensor:
+        """Kept entries, as a 0-d tensor on the device (read it back with the others)."""
+        return self.keep().sum()
+
+
+def gather_candidates(
+    csr: CSRBlock,
+    sample: torch.Tensor,
+    spans: tuple[tuple[int, int], tuple[int, int]],
+    column_map: ColumnMap,
+    num_gathered: int | None = None,
+) -> Candidates:
+    """Steps 1-3 of the extraction up to the kept mask (see :func:`extract_block`)."""
+    (r_lo, r_hi), (c_lo, c_hi) = spans
+    row_ids, col_ids = sample[r_lo:r_hi], sample[c_lo:c_hi]
+    positions, ends = gather_rows(csr.indptr, row_ids - csr.row_start, num_gathered)
+    base = column_map.mark(col_ids - csr.col_start)
+    # index_select, not fancy indexing: ~3x faster on CPU for these sizes
+    codes = column_map.lookup(csr.indices.index_select(0, positions))
+    return Candidates(csr, row_ids, col_ids, positions, ends, codes, base)
+
+
+def compact(candidates: Candidates, num_kept: int, p: float) -> BlockCOO:
+    """The kept entries of ``candidates`` as a block (``num_kept`` read back by the caller)."""
+    csr = candidates.csr
+    kept = torch.nonzero_static(candidates.keep(), size=num_kept).squeeze(1)
+    cols = candidates.codes.index_select(0, kept) - candidates.base
+    rows = torch.searchsorted(candidates.ends, kept, right=True)
+    row_ids, col_ids = candidates.row_ids, candidates.col_ids
+    diagonal = row_ids.index_select(0, rows) == col_ids.index_select(0, cols)
+    values = csr.values.index_select(0, candidates.positions.index_select(0, kept))
+    return BlockCOO(
+        rows=rows,
+        cols=cols,
+        values=rescale_off_diagonal(values, diagonal, p),
+        diagonal=diagonal,
+        row_scale=csr.row_scale.index_select(0, row_ids - csr.row_start),
+        col_scale=csr.col_scale.index_select(0, col_ids - csr.col_start),
+        inv_p=1.0 / p,
+        num_rows=int(row_ids.numel()),
+        num_cols=int(col_ids.numel()),
+    )
 
 
 def extract_block(
@@ -126,8 +209,10 @@ def extract_block(
 ) -> BlockCOO:
     """This rank's block of :math:`\\tilde A_S` for the sorted sample ``sample``.
 
-    Two host synchronisations on an accelerator, both for sizes that only the data
-    decide: the gathered entry count and the kept entry count (none on the CPU).
+    On its own, one block reads back its two data-dependent sizes (the gathered and the
+    kept entry count: two host synchronisations on an accelerator);
+    :meth:`~dgl_scalegnn.sampling.store.RankStore.batch` finds the first on the host and
+    reads the second for all blocks at once (:func:`gather_candidates`, :func:`compact`).
 
     Parameters
     ----------
@@ -156,30 +241,11 @@ def extract_block(
             [csr.row_start, csr.row_stop, csr.col_start, csr.col_stop], device=sample.device
         )
         r_lo, r_hi, c_lo, c_hi = torch.searchsorted(sample, bounds).tolist()
-    else:
-        (r_lo, r_hi), (c_lo, c_hi) = spans
-    row_ids, col_ids = sample[r_lo:r_hi], sample[c_lo:c_hi]
-    local_rows, local_cols = row_ids - csr.row_start, col_ids - csr.col_start
-    positions, ends = gather_rows(csr.indptr, local_rows)
+        spans = (r_lo, r_hi), (c_lo, c_hi)
     if column_map is None:
         column_map = ColumnMap(csr.col_stop - csr.col_start, sample.device)
-    # index_select, not fancy indexing: ~3x faster on CPU for these sizes
-    kept, cols = column_map.locate(local_cols, csr.indices.index_select(0, positions))
-    rows = torch.searchsorted(ends, kept, right=True)
-    diagonal = row_ids.index_select(0, rows) == col_ids.index_select(0, cols)
-    values = csr.values.index_select(0, positions.index_select(0, kept))
-    values = rescale_off_diagonal(values, diagonal, p)
-    return BlockCOO(
-        rows=rows,
-        cols=cols,
-        values=values,
-        diagonal=diagonal,
-        row_scale=csr.row_scale.index_select(0, local_rows),
-        col_scale=csr.col_scale.index_select(0, local_cols),
-        inv_p=1.0 / p,
-        num_rows=int(row_ids.numel()),
-        num_cols=int(col_ids.numel()),
-    )
+    candidates = gather_candidates(csr, sample, spans, column_map)
+    return compact(candidates, int(candidates.num_kept()), p)
 
 
 def full_block(csr: CSRBlock) -> BlockCOO:

@@ -10,8 +10,8 @@ At start-up a rank reads from the (memory-mapped) prepared graph only:
 - :math:`\\hat d^{-1/2}` of the vertex ranges it touches.
 
 Planes whose row and column ranges coincide on this rank (all of them on one process)
-share one block. Per step, :meth:`RankStore.batch` builds the rank's mini-batch from a
-shared sorted sample with no communication (Algorithm 2,
+share one block, and its extraction. Per step, :meth:`RankStore.batch` builds the rank's
+mini-batch from a shared sorted sample with no communication (Algorithm 2,
 :func:`~dgl_scalegnn.sampling.blocks.extract_block`); evaluation reads the blocks as
 they are (:meth:`RankStore.full_graph`).
 """
@@ -32,12 +32,20 @@ from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layo
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Plane, block_range
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import build_local_spmm
-from dgl_scalegnn.sampling.blocks import ColumnMap, CSRBlock, extract_block
+from dgl_scalegnn.sampling.blocks import (
+    ColumnMap,
+    CSRBlock,
+    compact,
+    gather_candidates,
+    gathered_count,
+)
 from dgl_scalegnn.sampling.uniform import inclusion_probability
 
 __all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees", "release_pages"]
 
 SPLITS = ("train", "val", "test")
+# A block's vertex ranges: ((row start, row stop), (column start, column stop)).
+BlockRanges = tuple[tuple[int, int], tuple[int, int]]
 
 
 def load_csr_block(
@@ -116,21 +124,28 @@ class RankStore:
         n = graph.meta.num_nodes
         self.blocks: dict[Plane, CSRBlock] = {}
         self.bytes_read = 0
-        by_range: dict[tuple[tuple[int, int], tuple[int, int]], CSRBlock] = {}
+        # Planes whose row and column ranges coincide share one block, and one extraction
+        # per step; the host keeps each block's indptr to size the gathered entries.
+        self._range_of: dict[Plane, BlockRanges] = {}
+        by_range: dict[BlockRanges, CSRBlock] = {}
+        self._host_indptr: dict[BlockRanges, torch.Tensor] = {}
         for plane in adjacency_planes(num_layers):
             ranges = self._vertex_range(plane.rows), self._vertex_range(plane.cols)
             if ranges not in by_range:
                 block, bytes_read = load_csr_block(graph.adjacency, *ranges, graph.verify)
                 by_range[ranges] = block.to(self.device)
+                self._host_indptr[ranges] = block.indptr
                 self.bytes_read += bytes_read
             self.blocks[plane] = by_range[ranges]
+            self._range_of[plane] = ranges
         adjacency = graph.adjacency
         for array in (adjacency.rows, adjacency.cols, adjacency.values, adjacency.degrees):
             release_pages(array)
-        self.column_maps = {
-            plane: ColumnMap(block.col_stop - block.col_start, self.device)
-            for plane, block in self.blocks.items()
+        self._column_maps = {
+            ranges: ColumnMap(block.col_stop - block.col_start, self.device)
+            for ranges, block in by_range.items()
         }
+        self._block_of_range = by_range
         self.feature_rows = self._vertex_range(INPUT_LAYOUT.rows)
         f0, f1 = block_range(
             graph.meta.num_features, grid.size(INPUT_LAYOUT.cols), grid.coord(INPUT_LAYOUT.cols)
@@ -165,6 +180,10 @@ class RankStore:
     def _local(self, rows: RowPartition, axis: Axis, start: int) -> torch.Tensor:
         return rows.ids(axis, self.grid.coord(axis)) - start
 
+    def column_map(self, plane: Plane) -> ColumnMap:
+        """The persistent column map of ``plane``'s block (shared by planes sharing it)."""
+        return self._column_maps[self._range_of[plane]]
+
     def _spans(self, rows: RowPartition, plane: Plane) -> tuple[tuple[int, int], tuple[int, int]]:
         """Offsets of the plane block's row and column vertices in the sorted sample."""
         coord = self.grid.coord
@@ -173,32 +192,43 @@ class RankStore:
     def batch(self, sample: torch.Tensor, step: int) -> RankBatch:
         """This rank's mini-batch for the sorted sample ``sample`` (no communication).
 
-        Give the sample where the sampler drew it (the CPU): the partition offsets and
-        every block's row and column spans are read there, and only the ids are copied
-        to the device, so the device is waited for only for the two data-dependent
-        sizes of each block (:func:`~dgl_scalegnn.sampling.blocks.extract_block`).
+        Give the sample where the sampler drew it (the CPU): the partition offsets, every
+        block's row and column spans and its gathered entry count are read there, and
+        only the ids are copied to the device. The device is waited for once, for the
+        kept entry counts of all blocks together
+        (:func:`~dgl_scalegnn.sampling.blocks.compact`).
         """
         p = inclusion_probability(self.num_nodes, int(sample.numel()))
         rows = RowPartition.of(sample, self.num_nodes, self.grid.shape, device=self.device)
-        adjacency = {
-            plane: build_local_spmm(
-                extract_block(
-                    block,
-                    rows.vertex_ids,
-                    p,
-                    self.column_maps[plane],
-                    spans=self._spans(rows, plane),
-                ),
-                self.kernel,
+        planes = {ranges: plane for plane, ranges in self._range_of.items()}  # one per block
+        spans = {ranges: self._spans(rows, plane) for ranges, plane in planes.items()}
+        gathered = torch.stack(
+            [
+                gathered_count(self._host_indptr[ranges], sample[r_lo:r_hi] - ranges[0][0])
+                for ranges, ((r_lo, r_hi), _) in spans.items()
+            ]
+        ).tolist()  # host tensors: no device wait
+        candidates = {
+            ranges: gather_candidates(
+                self._block_of_range[ranges],
+                rows.vertex_ids,
+                spans[ranges],
+                self._column_maps[ranges],
+                num_gathered,
             )
-            for plane, block in self.blocks.items()
+            for ranges, num_gathered in zip(spans, gathered)
+        }
+        kept = torch.stack([c.num_kept() for c in candidates.values()]).tolist()  # the wait
+        spmm = {
+            ranges: build_local_spmm(compact(c, num_kept, p), self.kernel)
+            for (ranges, c), num_kept in zip(candidates.items(), kept)
         }
         feature_rows = self._local(rows, INPUT_LAYOUT.rows, self.feature_rows[0])
         label_rows = self._local(rows, self.label_axis, self.label_rows[0])
         return RankBatch(
             step=step,
             rows=rows,
-            adjacency=adjacency,
+            adjacency={plane: spmm[ranges] for plane, ranges in self._range_of.items()},
             features=self.features.index_select(0, feature_rows),
             labels=self.labels.index_select(0, label_rows),
             masks={split: mask.index_select(0, label_rows) for split, mask in self.masks.items()},

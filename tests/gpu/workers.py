@@ -77,7 +77,6 @@ def gpu_checks(base: dict, out: str) -> None:
         batch = trainer.sample(1)
         report["syncs_train_step"] = count_host_syncs(lambda: trainer.train_step(batch))
         report["syncs_batch"] = count_host_syncs(lambda: trainer.sample(2))
-        report["planes"] = len(trainer.store.blocks)
         report["threads"] = [t.name for t in threading.enumerate()]
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     finally:
