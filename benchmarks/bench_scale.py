@@ -32,10 +32,10 @@ fastest peer at the same process count; >= 20x faster evaluation than neighbour-
 evaluation).
 
 Quick mode (``SCALEGNN_BENCH_QUICK=1``, the default): 30 s of training per final run
-and 6 evaluations, 7.5 s (ours: 6 steps at N/10, more at smaller B) per sweep setting,
-two settings per sweep (read at their end), one seed; about 15 min on the sparse graph
-and 30 min on the products-like one on 2 cores. Full mode: 240 s and 10 evaluations,
-60 s (20 steps), larger sweeps, three seeds. Environment:
+and 4 evaluations (peers at 3.75, 7.5, 15 and 30 s, one per doubling), 7.5 s (ours: 6
+steps at N/10, more at smaller B) per sweep setting, two settings per sweep (read at
+their end), one seed; the run time is in ``bench_scale.md``. Full mode: 240 s and 10
+evaluations (two per doubling), 60 s (20 steps), larger sweeps, three seeds. Environment:
 
 ``SCALEGNN_BENCH_SCALE_NODES``
     Vertices of both graphs (default 1,000,000); B stays N/10.
@@ -112,6 +112,7 @@ class Plan:
     sweep_budget_s: float
     sweep_steps: int
     eval_rounds: int
+    evals_per_doubling: int
     seeds: tuple[int, ...]
     graphs: tuple[str, ...]
     quick: bool
@@ -120,6 +121,11 @@ class Plan:
     def batch_size(self) -> int:
         """B = N/10 (100k at 1M vertices)."""
         return max(1, self.num_nodes // 10)
+
+    @property
+    def eval_at_s(self) -> list[float]:
+        """Training times at which a final peer run is evaluated (log-spaced)."""
+        return training.eval_schedule(self.budget_s, self.eval_rounds, self.evals_per_doubling)
 
     def sweep_steps_for(self, overrides: Mapping[str, Any]) -> int:
         """Sweep steps of a dgl_scalegnn setting: ``sweep_steps`` at B = N/10, more for a
@@ -183,7 +189,8 @@ def plan(quick: bool | None = None) -> Plan:
         budget_s=budget,
         sweep_budget_s=budget / 4,
         sweep_steps=6 if quick else 20,
-        eval_rounds=6 if quick else 10,
+        eval_rounds=4 if quick else 10,
+        evals_per_doubling=1 if quick else 2,
         seeds=(0,) if quick else (0, 1, 2),
         graphs=names,
         quick=quick,
@@ -386,11 +393,12 @@ def run_peer(
     settings: Mapping[str, Any],
     seed: int,
     budget_s: float,
-    rounds: int,
+    eval_at_s: Sequence[float],
     log_dir: Path,
     sampled_eval: bool = False,
 ) -> dict[str, Any]:
-    """One GraphSAINT or GraphSAGE run in its own process (:func:`peer_main`)."""
+    """One GraphSAINT or GraphSAGE run in its own process (:func:`peer_main`), evaluated
+    at the training times ``eval_at_s``."""
     tag = f"{method}-{graph.name}-s{seed}-{len(list(log_dir.glob(f'{method}-*.log')))}"
     spec = {
         "method": method,
@@ -400,7 +408,7 @@ def run_peer(
         "settings": dict(settings),
         "seed": seed,
         "budget_s": budget_s,
-        "eval_at_s": training.eval_schedule(budget_s, rounds),
+        "eval_at_s": list(eval_at_s),
         "sampled_eval": sampled_eval,
         "result_path": str(log_dir / f"{tag}.result.json"),
     }
@@ -421,10 +429,18 @@ def peer_main(spec_path: str) -> int:
     dataset = NodeDataset(spec["name"], graph, int(spec["num_classes"]))
     peer = _PEERS[spec["method"]]
     settings = training.merge_settings(peer.defaults, spec["settings"], peer.name)
-    training.seed_everything(int(spec["seed"]))
+    seed = int(spec["seed"])
+    training.seed_everything(seed)
     start = time.perf_counter()
-    baseline = peer.factory(dataset, settings)
+    if peer is graphsaint.PEER:  # runs at one budget share the pre-sampled normalisation
+        name = f"saint-norm-b{settings['budget']}-c{settings['norm_coverage']}-s{seed}.pt"
+        baseline = graphsaint.GraphSAINTBaseline(
+            dataset, settings, norm_cache=Path(spec["graph"]).parent / name
+        )
+    else:
+        baseline = peer.factory(dataset, settings)
     setup_s = time.perf_counter() - start
+    training.seed_everything(seed)  # training draws the same with or without the cache
     steps_per_epoch = getattr(baseline, "steps_per_epoch", None) or len(baseline.loader)
     result = training.run_for_seconds(
         baseline, float(spec["budget_s"]), spec["eval_at_s"], steps_per_epoch
@@ -469,7 +485,7 @@ def run_distdgl(
         settings=dict(settings),
         seed=seed,
         budget_s=p.budget_s,
-        eval_at_s=tuple(training.eval_schedule(p.budget_s, p.eval_rounds)),
+        eval_at_s=tuple(p.eval_at_s),
         timeout_s=20 * p.budget_s + 1800,
     )
     topology = "machines" if "parts8" in str(graph.part_config) else "single"
@@ -504,9 +520,11 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
     sweeps[f"dgl_scalegnn {GRID_8} (timing only)"] = [_sweep_row(ours["settings"], ours_8_probe)]
     # A sweep is read at its end only (as dgl_scalegnn's): on the products-like graph one
     # layer-wise evaluation costs more than the sweep's training.
+    ends = [p.sweep_budget_s]
     for method, grid in (("graphsaint", p.saint_grid()), ("graphsage", p.sage_grid())):
         sweeps[method] = [
-            _sweep_row(s, run_peer(graph, method, s, 0, p.sweep_budget_s, 1, log_dir)) for s in grid
+            _sweep_row(s, run_peer(graph, method, s, 0, p.sweep_budget_s, ends, log_dir))
+            for s in grid
         ]
         print(f"[{graph.name}] {method} sweep: {_sweep_text(sweeps[method])}", flush=True)
     saint_best = _best(sweeps["graphsaint"])["settings"]
@@ -534,7 +552,7 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
             (METHODS[4], "graphsage", sage_best, True),
         ):
             runs[method].append(
-                run_peer(graph, peer, settings, seed, p.budget_s, p.eval_rounds, log_dir, extra)
+                run_peer(graph, peer, settings, seed, p.budget_s, p.eval_at_s, log_dir, extra)
             )
         runs[METHODS[5]].append(run_distdgl(graph, sage_best, seed, p, log_dir))
         for method in METHODS:

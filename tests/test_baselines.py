@@ -100,6 +100,24 @@ def test_saint_inclusion_frequency_is_the_samplers_probability() -> None:
     assert bool(((frequency - probability).abs() < 5 * sigma).all()), (frequency, probability)
 
 
+def test_saint_normalisation_cache_is_read_back_instead_of_sampling(small, tmp_path, monkeypatch):
+    settings = training.merge_settings(graphsaint.DEFAULTS, SAINT_SETTINGS, graphsaint.METHOD)
+    cache = tmp_path / "norm.pt"
+    first = graphsaint.GraphSAINTBaseline(small, settings, norm_cache=cache)
+    assert cache.exists() and not cache.with_suffix(".partial").exists()
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("the cached normalisation was estimated again")
+
+    monkeypatch.setattr(graphsaint, "estimate_norm", no_sampling)
+    second = graphsaint.GraphSAINTBaseline(small, settings, norm_cache=cache)
+    for field in ("node_count", "edge_count", "loss_norm", "aggr_norm"):
+        assert torch.equal(getattr(first.norm, field), getattr(second.norm, field)), field
+    assert second.norm.num_samples == first.norm.num_samples
+    with pytest.raises(AssertionError, match="estimated again"):  # no cache: it samples
+        graphsaint.GraphSAINTBaseline(small, settings)
+
+
 def test_gcn_graph_weights_are_symmetric_normalisation() -> None:
     graph = _tiny_graph()
     src, dst = graph.edges()

@@ -294,19 +294,25 @@ def run_epochs(
     return summarise(history, target_acc)
 
 
-def eval_schedule(budget_s: float, rounds: int) -> list[float]:
+def eval_schedule(budget_s: float, rounds: int, per_doubling: int = 2) -> list[float]:
     r"""``rounds`` training times, evenly spaced on a log axis, ending at ``budget_s``.
 
-    Point ``k`` (0-based) is ``budget_s * 2 ** (-(rounds - 1 - k) / 2)``: two per
-    doubling of time, so that a time to target read from them is within a factor
-    :math:`\sqrt{2}` of the true one, at any scale, with few evaluations.
+    Point ``k`` (0-based) is ``budget_s * 2 ** (-(rounds - 1 - k) / per_doubling)``: two
+    per doubling of time by default, so that a time to target read from them is within
+    a factor :math:`\sqrt{2}` of the true one, at any scale, with few evaluations (one
+    per doubling: within a factor 2, with half the evaluations for the same span).
 
     >>> [round(t, 2) for t in eval_schedule(8.0, 4)]
     [2.83, 4.0, 5.66, 8.0]
+    >>> eval_schedule(8.0, 4, per_doubling=1)
+    [1.0, 2.0, 4.0, 8.0]
     """
-    if budget_s <= 0 or rounds < 1:
-        raise ValueError(f"budget_s ({budget_s}) must be positive and rounds ({rounds}) >= 1")
-    return [budget_s * 2 ** (-(rounds - 1 - k) / 2) for k in range(rounds)]
+    if budget_s <= 0 or rounds < 1 or per_doubling < 1:
+        raise ValueError(
+            f"budget_s ({budget_s}) must be positive, rounds ({rounds}) and per_doubling "
+            f"({per_doubling}) >= 1"
+        )
+    return [budget_s * 2 ** (-(rounds - 1 - k) / per_doubling) for k in range(rounds)]
 
 
 def run_for_seconds(
