@@ -2,8 +2,8 @@
 
 Impossible kernel/backend pairs are refused; the prefetch thread and every rank use the
 rank's own GPU (checked with stub CUDA calls); CUDA-event timings are read without
-waiting; and the host synchronisations of sampling and batch building are counted on
-CPU tensors (each counted call would make the host wait for a GPU).
+waiting; and the host synchronisations of sampling, batch building and a training step
+are counted on CPU tensors (each counted call would make the host wait for a GPU).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dgl_scalegnn.config import CPU_ONLY_KERNELS, ConfigError, config_from_mappi
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.dist import bootstrap
 from dgl_scalegnn.dist.bootstrap import LaunchInfo, device_for, init_distributed
+from dgl_scalegnn.dist.comm import Runtime
 from dgl_scalegnn.dist.grid import Grid4D, GridShape
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import BlockCOO, KernelDeviceError, build_local_spmm
@@ -27,6 +28,8 @@ from dgl_scalegnn.sampling.blocks import extract_block
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import inclusion_probability, sample_vertices
+from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.trainer import Trainer
 from tests.gpu.host_syncs import HostSyncCounter
 from tests.helpers import random_dataset
 
@@ -156,6 +159,23 @@ def test_one_batch_waits_for_the_device_once(store):
         )
         kept[id(csr)] = extract_block(csr, sample, p, spans=spans).rows.numel()
     assert reads.values[-1] == list(kept.values())
+
+
+@pytest.mark.parametrize("paper_model", [False, True])
+def test_a_training_step_reads_the_device_once(paper_model):
+    model = {"hidden": 8, "layers": 3, "dropout": 0.2, "norm": paper_model}
+    model["residual"] = paper_model
+    cfg = config_from_mapping({"model": model, "sampling": {"batch_size": 40}})
+    graph = prepare_in_memory(random_dataset(num_nodes=80, num_edges=400), 0)
+    trainer = Trainer(cfg, graph, Runtime.single_process(), MetricsWriter(None, enabled=False))
+    trainer.train_step(trainer.sample(0))  # creates Adam's state
+    steps = [state["step"] for state in trainer.optimizer.state.values()]
+    batch = trainer.sample(1)
+    with HostSyncCounter(host_resident=steps) as syncs:
+        trainer.train_step(batch)
+    # Forward, loss, backward, the gradient average and Adam: one read-back, the loss
+    # with the non-finite flag.
+    assert dict(syncs.calls) == {"tolist": 1}
 
 
 def test_batch_builds_no_transpose_until_a_backward_product(store):

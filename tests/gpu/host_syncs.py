@@ -20,6 +20,7 @@ Example
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -52,12 +53,15 @@ def _waits_for_device(func: Any, args: tuple, kwargs: dict) -> bool:
 
 
 class _DispatchCounter(TorchDispatchMode):
-    def __init__(self, calls: Counter) -> None:
+    def __init__(self, calls: Counter, host_resident: set[int]) -> None:
         super().__init__()
         self.calls = calls
+        self.host_resident = host_resident
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is aten._local_scalar_dense.default and args[0].data_ptr() in self.host_resident:
+            return func(*args, **kwargs)
         if _waits_for_device(func, args, kwargs):
             self.calls[func.overloadpacket.__name__] += 1
         return func(*args, **kwargs)
@@ -75,11 +79,16 @@ class _TolistCounter(TorchFunctionMode):
 
 
 class HostSyncCounter:
-    """Context manager; ``calls`` counts each kind of host-synchronising call."""
+    """Context manager; ``calls`` counts each kind of host-synchronising call.
 
-    def __init__(self) -> None:
+    ``host_resident`` are tensors that stay on the host on a GPU run too (Adam's step
+    counters, kept on the CPU unless ``capturable``): reading them is not counted.
+    """
+
+    def __init__(self, host_resident: Iterable[torch.Tensor] = ()) -> None:
         self.calls: Counter = Counter()
-        self._modes = (_TolistCounter(self.calls), _DispatchCounter(self.calls))
+        resident = {tensor.data_ptr() for tensor in host_resident}
+        self._modes = (_TolistCounter(self.calls), _DispatchCounter(self.calls, resident))
 
     @property
     def total(self) -> int:
