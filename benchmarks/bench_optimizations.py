@@ -51,7 +51,7 @@ def worker(config_path: str, out_path: str, steps: int, warmup: int) -> None:
     from dgl_scalegnn.config import config_from_mapping
     from dgl_scalegnn.data.prepared import prepare_in_memory
     from dgl_scalegnn.data.synthetic import generate
-    from dgl_scalegnn.dist.comm import CommOptions
+    from dgl_scalegnn.distributed.comm import CommOptions
     from dgl_scalegnn.train.metrics import MetricsWriter
     from dgl_scalegnn.train.run import end_session, start_session
     from dgl_scalegnn.train.trainer import Trainer

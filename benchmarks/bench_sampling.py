@@ -30,7 +30,7 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.dist.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D, GridShape
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import (
     inclusion_probability,

@@ -20,7 +20,7 @@ from benchmarks.common import median_seconds, pyplot, quick_mode, save_plot, wri
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.dist.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D, GridShape
 from dgl_scalegnn.parallel.spmm import SPMM_KERNELS, build_local_spmm
 from dgl_scalegnn.sampling.blocks import extract_block
 from dgl_scalegnn.sampling.store import RankStore

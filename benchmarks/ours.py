@@ -17,7 +17,7 @@ from benchmarks.baselines import training
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.dist.comm import Runtime
+from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 

@@ -32,7 +32,7 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError,)
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from dgl_scalegnn.data.graph import DatasetError
-    from dgl_scalegnn.dist.grid import GridError
+    from dgl_scalegnn.distributed.grid import GridError
 
     return (*_USER_ERRORS, DatasetError, GridError)
 
@@ -109,8 +109,8 @@ def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
     """``work(coordinator)`` on this process, or on every rank of an ``mpirun``/``srun``/
     ``torchrun`` launch with a watchdog: a rank that fails stops all with its message."""
     from dgl_scalegnn.data.streaming import SingleProcess, StoreCoordinator
-    from dgl_scalegnn.dist.bootstrap import detect_launch, init_distributed
-    from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE, Watchdog
+    from dgl_scalegnn.distributed.bootstrap import detect_launch, init_distributed
+    from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog
 
     info = detect_launch()
     if info.world_size == 1:

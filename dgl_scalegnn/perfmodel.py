@@ -12,7 +12,7 @@ vertex ranges, so a part of ``n`` vertices holds ``B n / N`` rows in expectation
 
 Example
 -------
->>> from dgl_scalegnn.dist.grid import GridShape
+>>> from dgl_scalegnn.distributed.grid import GridShape
 >>> work = Workload(num_nodes=10_000, nnz=210_000, batch_size=2_000, in_features=64,
 ...                 hidden=128, num_classes=8, layers=3)
 >>> sorted(step_bytes(work, GridShape.parse("1x2x2x2"), rank=0))
@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from dgl_scalegnn.config import ModelConfig
-from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.distributed.grid import Coords, GridShape
 from dgl_scalegnn.model.scalegnn import (
     adjacency_planes,
     layer_layouts,

@@ -11,7 +11,7 @@ import torch
 import yaml
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.graph import NodeDataset
-from dgl_scalegnn.dist.grid import GridShape
+from dgl_scalegnn.distributed.grid import GridShape
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.ranks import spawn_ranks
 

@@ -11,8 +11,8 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.normalize import gcn_normalize
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.tiles import tile_adjacency
-from dgl_scalegnn.dist.comm import Runtime
-from dgl_scalegnn.dist.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.distributed.grid import Grid4D, GridShape
 from dgl_scalegnn.parallel.layout import Axis, Layout
 from dgl_scalegnn.parallel.ops import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec

@@ -19,7 +19,7 @@ import torch
 from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.dist.grid import Coords, Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Coords, Grid4D, GridShape
 from dgl_scalegnn.model.inference import CSRRows, row_chunks
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.scalegnn import parameter_shards

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from dgl_scalegnn.dist.grid import GridError, GridShape
+from dgl_scalegnn.distributed.grid import GridError, GridShape
 from dgl_scalegnn.model.scalegnn import adjacency_planes, layer_layouts
 from dgl_scalegnn.parallel.layout import (
     INPUT_LAYOUT,

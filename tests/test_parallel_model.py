@@ -14,7 +14,7 @@ import torch
 
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.distributed.grid import Coords, GridShape
 from dgl_scalegnn.model.scalegnn import parameter_shards
 from tests.helpers import random_dataset, relative_error
 from tests.oracle import assemble, reference_step

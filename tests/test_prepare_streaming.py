@@ -22,8 +22,8 @@ from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory, write_p
 from dgl_scalegnn.data.source import source_from_dataset
 from dgl_scalegnn.data.streaming import MemoryBudget, prepare_streaming
 from dgl_scalegnn.data.synthetic import generate, synthetic_source
-from dgl_scalegnn.dist.grid import GridShape
-from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE
+from dgl_scalegnn.distributed.grid import GridShape
+from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
 from tests.helpers import random_dataset
 from tests.ranks import spawn_ranks
 from tests.test_prepared import _independent_share

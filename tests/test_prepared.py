@@ -21,7 +21,7 @@ from dgl_scalegnn.data.prepared import (
 )
 from dgl_scalegnn.data.streaming import prepare_streaming
 from dgl_scalegnn.data.synthetic import generate, synthetic_source
-from dgl_scalegnn.dist.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D, GridShape
 from dgl_scalegnn.model.scalegnn import adjacency_planes, logits_layout
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, block_range
 from dgl_scalegnn.sampling.store import RankStore

@@ -17,7 +17,7 @@ import torch
 import yaml
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.cli import main as cli_main
-from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE
+from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
 from dgl_scalegnn.train.checkpoint import latest_checkpoint
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.helpers import ROOT, step_losses, train_through_cli

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 import yaml
-from dgl_scalegnn.dist.bootstrap import LaunchInfo, detect_launch
+from dgl_scalegnn.distributed.bootstrap import LaunchInfo, detect_launch
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.helpers import ROOT
 from tests.ranks import free_port

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.distributed.grid import Coords, GridShape
 from dgl_scalegnn.parallel.layout import Axis, Plane, split_bounds
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.sampling.blocks import CSRBlock
@@ -94,7 +94,7 @@ def row_chunks(
 
     Examples
     --------
-    >>> from dgl_scalegnn.dist.grid import GridShape
+    >>> from dgl_scalegnn.distributed.grid import GridShape
     >>> shape = GridShape(1, 2, 1, 1)
     >>> chunks = list(row_chunks(7, Axis.X, shape, shape.coords(1), chunk_rows=2))
     >>> [(c.start, c.stop, c.rows.vertex_ids.tolist()) for c in chunks]

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from dgl_scalegnn.config import ModelConfig
-from dgl_scalegnn.dist.comm import Runtime, all_reduce
-from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.distributed.comm import Runtime, all_reduce
+from dgl_scalegnn.distributed.grid import Coords, GridShape
 from dgl_scalegnn.model.inference import (
     DEFAULT_CHUNK_ROWS,
     CSRRows,
@@ -172,7 +172,7 @@ class ParallelScaleGNN(nn.Module):
     Examples
     --------
     >>> from dgl_scalegnn.config import ModelConfig
-    >>> from dgl_scalegnn.dist.comm import Runtime
+    >>> from dgl_scalegnn.distributed.comm import Runtime
     >>> model = ParallelScaleGNN(ModelConfig(hidden=8, layers=2), in_features=5,
     ...                          num_classes=3, runtime=Runtime.single_process(), seed=0)
     >>> sorted(model.shards)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dgl_scalegnn.dist.grid import Coords, GridShape
+from dgl_scalegnn.distributed.grid import Coords, GridShape
 from dgl_scalegnn.parallel.layout import Axis, Layout, block_range, split_bounds
 
 __all__ = ["RowPartition", "ShardSpec"]
@@ -27,7 +27,7 @@ class RowPartition:
     Examples
     --------
     >>> import torch
-    >>> from dgl_scalegnn.dist.grid import GridShape
+    >>> from dgl_scalegnn.distributed.grid import GridShape
     >>> rows = RowPartition.of(torch.tensor([1, 2, 6, 9]), 10, GridShape(1, 2, 3, 1))
     >>> rows.range(Axis.X, 1), rows.range(Axis.Y, 0)
     ((2, 4), (0, 2))

@@ -26,7 +26,7 @@ import torch
 from dgl_scalegnn.data.normalize import inverse_sqrt_degrees
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.data.tiles import TiledAdjacency, Verify, no_check, read_block
-from dgl_scalegnn.dist.grid import Grid4D
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.inference import FullGraph
 from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layout
 from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Plane, block_range

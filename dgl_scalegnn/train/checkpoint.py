@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dgl_scalegnn.dist.grid import Coords, Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Coords, Grid4D, GridShape
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN, ParamShard
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint"]

@@ -18,16 +18,16 @@ from dgl_scalegnn.data.cache import shared_prepared_directory
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph, open_prepared, prepare_in_memory
-from dgl_scalegnn.dist.bootstrap import (
+from dgl_scalegnn.distributed.bootstrap import (
     LaunchInfo,
     detect_launch,
     device_for,
     init_distributed,
     resolve_backend,
 )
-from dgl_scalegnn.dist.comm import CommOptions, Runtime, warm_up_groups
-from dgl_scalegnn.dist.grid import Grid4D, GridShape
-from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE, Watchdog, is_communication_error
+from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
+from dgl_scalegnn.distributed.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog, is_communication_error
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from dgl_scalegnn.config import Config, ConfigError
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
-from dgl_scalegnn.dist.comm import Runtime, all_reduce
+from dgl_scalegnn.distributed.comm import Runtime, all_reduce
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN, RankBatch
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore

@@ -21,9 +21,9 @@ import yaml
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.dist.comm import CommOptions, Runtime
-from dgl_scalegnn.dist.grid import Grid4D, GridShape
-from dgl_scalegnn.dist.watchdog import ABORT_EXIT_CODE
+from dgl_scalegnn.distributed.comm import CommOptions, Runtime
+from dgl_scalegnn.distributed.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.metrics import MetricsWriter, read_metrics
 from dgl_scalegnn.train.trainer import Trainer

@@ -1,6 +1,6 @@
 """Collectives of the 4D grid: eager helpers and the redistribution autograd function.
 
-Each collective takes the group by role (a :class:`~dgl_scalegnn.dist.grid.CommGroup`),
+Each collective takes the group by role (a :class:`~dgl_scalegnn.distributed.grid.CommGroup`),
 skips the call when the group has one member, charges its time and payload bytes to a
 :class:`~dgl_scalegnn.profiling.Profiler`, and can cast a float32 payload to bfloat16
 for the wire (the 3D PMM collectives only; statistics stay float32).
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dgl_scalegnn.dist.grid import CommGroup, Grid4D
+from dgl_scalegnn.distributed.grid import CommGroup, Grid4D
 from dgl_scalegnn.parallel.layout import Axis
 from dgl_scalegnn.profiling import Profiler
 
