@@ -6,7 +6,9 @@ torch <= 2.2.1, and ``import dgl`` imports ``dgl.graphbolt`` eagerly, which rais
 kernels, samplers, dataset classes and ``dgl.distributed`` work on torch 2.13. When the
 graphbolt library for the running torch is missing, an empty ``dgl.graphbolt`` module is
 registered before the import so that the rest of DGL loads. Every other module does
-``from dgl_scalegnn._dgl import dgl``. DGL's libxsmm SpMM path is switched off (see below).
+``from dgl_scalegnn._dgl import dgl``. Importing changes no other global state: DGL's
+libxsmm SpMM path is switched off by :func:`disable_libxsmm`, where DGL's kernels are
+about to run on new graphs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import types
 
 import torch
 
-__all__ = ["dgl", "GRAPHBOLT_STUBBED"]
+__all__ = ["dgl", "GRAPHBOLT_STUBBED", "disable_libxsmm"]
 
 
 def _graphbolt_library_present() -> bool:
@@ -45,6 +47,12 @@ def _import_dgl() -> tuple[types.ModuleType, bool]:
 
 
 dgl, GRAPHBOLT_STUBBED = _import_dgl()
-# DGL's CPU SpMM through libxsmm JIT-compiles code for every new graph; mini-batch blocks
-# are new every step, which made copy_u_sum 5-25x slower than DGL's own kernel here.
-dgl.use_libxsmm(False)
+
+
+def disable_libxsmm() -> None:
+    """Route DGL's CPU SpMM to its own kernel instead of libxsmm (a process-wide switch).
+
+    libxsmm JIT-compiles code for every new graph; mini-batch blocks and sampled
+    subgraphs are new every step, which made ``copy_u_sum`` 5-25x slower here.
+    """
+    dgl.use_libxsmm(False)

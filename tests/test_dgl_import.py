@@ -49,3 +49,40 @@ def test_plain_import_fails_without_the_shim_and_works_with_it():
     )
     assert shimmed.returncode == 0, shimmed.stderr
     assert shimmed.stdout.strip() == "2.1.0"
+
+
+_GLOBAL_STATE = """
+import warnings, torch
+from dgl_scalegnn._dgl import dgl
+filters = list(warnings.filters)
+libxsmm = bool(dgl.is_libxsmm_enabled())
+threads = torch.get_num_threads()
+import pkgutil, importlib, dgl_scalegnn
+for module in pkgutil.walk_packages(dgl_scalegnn.__path__, "dgl_scalegnn."):
+    importlib.import_module(module.name)
+assert warnings.filters == filters, [f for f in warnings.filters if f not in filters]
+assert bool(dgl.is_libxsmm_enabled()) == libxsmm
+assert torch.get_num_threads() == threads
+print("unchanged", libxsmm)
+"""
+
+
+def test_importing_every_module_changes_no_global_state():
+    result = subprocess.run(
+        [sys.executable, "-c", _GLOBAL_STATE], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["unchanged", "True"]  # DGL's own default
+
+
+def test_dgl_kernels_switch_libxsmm_off_when_they_build_a_graph():
+    from dgl_scalegnn.parallel.spmm import BlockCOO, build_local_spmm
+
+    dgl.use_libxsmm(True)
+    block = BlockCOO(
+        rows=torch.tensor([0, 1]), cols=torch.tensor([1, 0]), values=torch.ones(2),
+        diagonal=torch.zeros(2, dtype=torch.bool), row_scale=torch.ones(2),
+        col_scale=torch.ones(2), inv_p=1.0, num_rows=2, num_cols=2,
+    )
+    build_local_spmm(block, "dgl-weighted")
+    assert not dgl.is_libxsmm_enabled()

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn._dgl import dgl, disable_libxsmm
 from dgl_scalegnn.data.graph import NodeDataset
 
 __all__ = [
@@ -112,6 +112,7 @@ def seed_everything(seed: int, threads: int | None = None) -> None:
     by round-off, which training can amplify to a few tenths of a percent of accuracy.
     """
     torch.set_num_threads(threads or machine_cores())
+    disable_libxsmm()  # the peers' sampled graphs are new every step
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

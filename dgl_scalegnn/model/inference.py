@@ -31,6 +31,7 @@ import torch
 from dgl_scalegnn.distributed.grid import Coords, GridShape
 from dgl_scalegnn.parallel.layout import Axis, Plane, split_bounds
 from dgl_scalegnn.parallel.partition import RowPartition
+from dgl_scalegnn.parallel.spmm import csr_tensor
 from dgl_scalegnn.sampling.blocks import CSRBlock
 
 __all__ = ["FullGraph", "RowChunk", "CSRRows", "row_chunks", "DEFAULT_CHUNK_ROWS"]
@@ -151,11 +152,10 @@ class CSRRows:
         lo, hi = (int(v) for v in crow[[0, -1]].tolist()) if self.num_rows else (0, 0)
         if lo == hi or self.num_cols == 0:
             return features.new_zeros(self.num_rows, features.shape[1])
-        matrix = torch.sparse_csr_tensor(
+        matrix = csr_tensor(
             (crow - lo).to(block.indices.dtype),
             block.indices[lo:hi],
             block.values[lo:hi].to(features.dtype),
             (self.num_rows, self.num_cols),
-            check_invariants=False,
         )
         return matrix @ features

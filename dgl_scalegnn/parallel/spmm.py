@@ -37,7 +37,7 @@ from typing import Protocol
 
 import torch
 
-from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn._dgl import dgl, disable_libxsmm
 from dgl_scalegnn.config import CPU_ONLY_KERNELS
 
 __all__ = [
@@ -48,13 +48,12 @@ __all__ = [
     "CPU_ONLY_KERNELS",
     "DEFAULT_KERNEL",
     "KernelDeviceError",
+    "csr_tensor",
 ]
 
 SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
 #: Chosen by measurement (benchmarks/bench_spmm.py; see the module docstring).
 DEFAULT_KERNEL = "torch-csr"
-# torch announces its CSR support as beta once per process; on every rank that is noise.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 
 class KernelDeviceError(ValueError):
@@ -105,6 +104,7 @@ class LocalSpMM(Protocol):
 
 def _aggregation_block(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int):
     """A DGL block whose ``copy_u_sum`` sums source rows into destination rows."""
+    disable_libxsmm()
     return dgl.create_block((src, dst), num_src_nodes=num_src, num_dst_nodes=num_dst)
 
 
@@ -175,14 +175,24 @@ class _DGLScaled:
         )
 
 
+def csr_tensor(
+    crow: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]
+) -> torch.Tensor:
+    """``torch.sparse_csr_tensor`` without invariant checks (the callers build valid
+    pointers) and without torch's once-per-process "beta" warning, which on every rank
+    is noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(crow, cols, values, shape, check_invariants=False)
+
+
 def _csr(
     rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, shape: tuple[int, int]
 ) -> torch.Tensor:
     """A CSR tensor of the row-sorted entries; row pointers by binary search (a bincount
     would read the largest row back to the host on CUDA)."""
     boundaries = torch.arange(shape[0] + 1, dtype=rows.dtype, device=rows.device)
-    crow = torch.searchsorted(rows, boundaries)
-    return torch.sparse_csr_tensor(crow, cols, values, shape, check_invariants=False)
+    return csr_tensor(torch.searchsorted(rows, boundaries), cols, values, shape)
 
 
 class _TorchCSR:
