@@ -34,8 +34,8 @@ from dgl_scalegnn.config import SyntheticConfig, config_from_mapping
 from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.model.scalegnn import RankBatch
 from dgl_scalegnn.parallel.spmm import build_local_spmm
+from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS, pyplot, save_plot, write_results
 from benchmarks.scale_report import first_reaching
-from dgl_scalegnn.distributed.grid import GridShape
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.perfmodel import Hardware, Workload, epoch_time, memory_bytes
 
 __all__ = [

@@ -28,9 +28,10 @@ from benchmarks.common import (
 )
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.distributed.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import (
     inclusion_probability,

@@ -18,9 +18,10 @@ import torch
 
 from benchmarks.common import median_seconds, pyplot, quick_mode, save_plot, write_results
 from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.distributed.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.parallel.spmm import SPMM_KERNELS, build_local_spmm
 from dgl_scalegnn.sampling.blocks import extract_block
 from dgl_scalegnn.sampling.store import RankStore

@@ -31,8 +31,8 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError,)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
+    from dgl_scalegnn.core.grid_shape import GridError
     from dgl_scalegnn.data.graph import DatasetError
-    from dgl_scalegnn.distributed.grid import GridError
 
     return (*_USER_ERRORS, DatasetError, GridError)
 

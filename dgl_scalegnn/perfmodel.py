@@ -26,14 +26,14 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from dgl_scalegnn.config import ModelConfig
-from dgl_scalegnn.distributed.grid import Coords, GridShape
-from dgl_scalegnn.model.scalegnn import (
+from dgl_scalegnn.core.grid_shape import Coords, GridShape
+from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, block_range
+from dgl_scalegnn.core.schedule import (
     adjacency_planes,
     layer_layouts,
     logits_layout,
     parameter_shards,
 )
-from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Layout, block_range
 
 __all__ = [
     "Workload",

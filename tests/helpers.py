@@ -10,8 +10,8 @@ import torch
 
 import yaml
 from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.graph import NodeDataset
-from dgl_scalegnn.distributed.grid import GridShape
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.ranks import spawn_ranks
 

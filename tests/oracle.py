@@ -6,9 +6,10 @@ import torch
 
 from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.model.reference import ScaleGNN
-from dgl_scalegnn.sampling.uniform import UniformVertexSampler, sample_vertices, step_seed
+from dgl_scalegnn.sampling.uniform import UniformVertexSampler, sample_vertices
 
 
 def reference_step(

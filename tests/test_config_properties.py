@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dgl_scalegnn.config import ConfigError, ModelConfig, config_from_mapping, load_config
+from dgl_scalegnn.core.grid_shape import GridError, GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.distributed.grid import GridError, GridShape
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 from tests.helpers import random_dataset

@@ -8,12 +8,13 @@ import torch
 
 from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.core.grid_shape import GridShape
+from dgl_scalegnn.core.layout import Axis, Layout
 from dgl_scalegnn.data.normalize import gcn_normalize
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.tiles import tile_adjacency
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.distributed.grid import Grid4D, GridShape
-from dgl_scalegnn.parallel.layout import Axis, Layout
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.parallel.ops import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 from dgl_scalegnn.parallel.spmm import SPMM_KERNELS, build_local_spmm

@@ -18,13 +18,14 @@ import torch
 
 from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.grid_shape import Coords, GridShape
+from dgl_scalegnn.core.layout import Axis, Plane
+from dgl_scalegnn.core.schedule import parameter_shards
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.distributed.grid import Coords, Grid4D, GridShape
-from dgl_scalegnn.model.inference import CSRRows, row_chunks
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.reference import ScaleGNN
-from dgl_scalegnn.model.scalegnn import parameter_shards
-from dgl_scalegnn.parallel.layout import Axis, Plane
 from dgl_scalegnn.sampling.blocks import full_block
+from dgl_scalegnn.sampling.full_graph import CSRRows, row_chunks
 from dgl_scalegnn.sampling.store import RankStore, release_pages
 from tests.helpers import random_dataset, relative_error
 from tests.oracle import assemble

@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import CPU_ONLY_KERNELS, ConfigError, config_from_mapping
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed import bootstrap
 from dgl_scalegnn.distributed.bootstrap import LaunchInfo, device_for, init_distributed
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.distributed.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import BlockCOO, KernelDeviceError, build_local_spmm
 from dgl_scalegnn.profiling import Profiler

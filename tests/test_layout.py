@@ -7,16 +7,9 @@ import itertools
 import pytest
 import torch
 
-from dgl_scalegnn.distributed.grid import GridError, GridShape
-from dgl_scalegnn.model.scalegnn import adjacency_planes, layer_layouts
-from dgl_scalegnn.parallel.layout import (
-    INPUT_LAYOUT,
-    Axis,
-    Layout,
-    Plane,
-    block_range,
-    split_bounds,
-)
+from dgl_scalegnn.core.grid_shape import GridError, GridShape
+from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, Plane, block_range, split_bounds
+from dgl_scalegnn.core.schedule import adjacency_planes, layer_layouts
 from dgl_scalegnn.parallel.partition import RowPartition
 
 
@@ -61,7 +54,7 @@ def test_rank_layout_x_fastest_then_y_z_d():
 def test_groups_partition_the_ranks():
     shape = GridShape.parse("2x2x3x1")
     for varying in ("x", "y", "z", "d", "xyz"):
-        groups = shape._group_ranks(varying)
+        groups = shape.group_ranks(varying)
         members = sorted(r for g in groups for r in g)
         assert members == list(range(shape.world_size))
         for group in groups:

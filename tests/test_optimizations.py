@@ -8,9 +8,10 @@ import numpy as np
 import torch
 
 from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.distributed.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.parallel.elementwise import LayerTail
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.sampling.prefetch import Prefetcher

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.distributed.grid import GridShape
 from dgl_scalegnn.perfmodel import Hardware, Workload, epoch_time, memory_bytes, step_bytes
 from tests.ranks import spawn_ranks
 

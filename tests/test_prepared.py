@@ -12,6 +12,9 @@ import scipy.sparse as sp
 
 from dgl_scalegnn.cli import main
 from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.core.grid_shape import GridShape
+from dgl_scalegnn.core.layout import INPUT_LAYOUT, block_range
+from dgl_scalegnn.core.schedule import adjacency_planes, logits_layout
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import (
     open_prepared,
@@ -21,9 +24,7 @@ from dgl_scalegnn.data.prepared import (
 )
 from dgl_scalegnn.data.streaming import prepare_streaming
 from dgl_scalegnn.data.synthetic import generate, synthetic_source
-from dgl_scalegnn.distributed.grid import Grid4D, GridShape
-from dgl_scalegnn.model.scalegnn import adjacency_planes, logits_layout
-from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, block_range
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.sampling.store import RankStore
 from tests.helpers import SHARED_DATA
 

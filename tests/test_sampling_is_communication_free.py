@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dgl_scalegnn.distributed.grid import GridShape
+from dgl_scalegnn.core.grid_shape import GridShape
 from tests.ranks import spawn_ranks
 
 

@@ -35,6 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
+from dgl_scalegnn.core.layout import block_range, split_bounds
 from dgl_scalegnn.data.normalize import inverse_sqrt_degrees
 from dgl_scalegnn.data.prepared import (
     ARRAY_NAMES,
@@ -45,7 +46,6 @@ from dgl_scalegnn.data.prepared import (
 )
 from dgl_scalegnn.data.source import MASK_NAMES, GraphSource
 from dgl_scalegnn.data.tiles import default_tile_count, index_dtype
-from dgl_scalegnn.parallel.layout import block_range, split_bounds
 
 __all__ = [
     "DEFAULT_MEMORY_GB",

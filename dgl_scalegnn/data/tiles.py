@@ -1,7 +1,7 @@
 """The normalised adjacency stored as a ``T x T`` grid of vertex-range tiles.
 
 Tile ``(i, j)`` holds the entries whose row lies in vertex range ``i`` and whose
-column lies in range ``j`` of :func:`~dgl_scalegnn.parallel.layout.split_bounds`
+column lies in range ``j`` of :func:`~dgl_scalegnn.core.layout.split_bounds`
 ``(N, T)``; tiles are stored one after another in row-major tile order, each sorted by
 ``(row, col)``, as three flat arrays ``rows``, ``cols``, ``values`` and a
 ``(T*T + 1,)`` offset array. A rank that needs the block ``[R0, R1) x [C0, C1)`` reads,
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dgl_scalegnn.core.layout import split_bounds
 from dgl_scalegnn.data.normalize import NormalizedCSR, csr_row_ids
-from dgl_scalegnn.parallel.layout import split_bounds
 
 __all__ = [
     "TiledAdjacency",

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dgl_scalegnn.core.layout import Axis
 from dgl_scalegnn.distributed.grid import CommGroup, Grid4D
-from dgl_scalegnn.parallel.layout import Axis
 from dgl_scalegnn.profiling import Profiler
 
 __all__ = [

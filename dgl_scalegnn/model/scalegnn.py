@@ -17,24 +17,17 @@ coordinates: the same run gives the same numbers on any grid (up to reduction or
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.layout import INPUT_LAYOUT
+from dgl_scalegnn.core.schedule import layer_layouts, parameter_shards
+from dgl_scalegnn.core.seeds import mix_seed
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
-from dgl_scalegnn.distributed.grid import Coords, GridShape
-from dgl_scalegnn.model.inference import (
-    DEFAULT_CHUNK_ROWS,
-    CSRRows,
-    FullGraph,
-    RowChunk,
-    row_chunks,
-)
 from dgl_scalegnn.parallel.elementwise import LayerTail, hashed_dropout
-from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Layout, Plane, block_range
 from dgl_scalegnn.parallel.ops import (
     parallel_argmax,
     parallel_bce,
@@ -45,19 +38,19 @@ from dgl_scalegnn.parallel.ops import (
     reduce_grad,
     sum_of_squares,
 )
-from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
-from dgl_scalegnn.parallel.spmm import LocalSpMM
-from dgl_scalegnn.sampling.uniform import mix_seed
+from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.sampling.batch import RankBatch
+from dgl_scalegnn.sampling.full_graph import (
+    DEFAULT_CHUNK_ROWS,
+    CSRRows,
+    FullGraph,
+    RowChunk,
+    row_chunks,
+)
 
 __all__ = [
-    "ParamShard",
-    "RankBatch",
     "ParallelScaleGNN",
-    "layer_layouts",
-    "adjacency_planes",
-    "logits_layout",
     "init_global_parameter",
-    "parameter_shards",
 ]
 
 
@@ -65,81 +58,6 @@ __all__ = [
 INPUT_DROPOUT_LAYER = -1
 #: Step key of full-graph evaluation (no dropout, so it only has to be some integer).
 EVAL_STEP = -1
-
-
-@dataclass(frozen=True)
-class ParamShard:
-    """How a parameter is split: its global shape and the grid axis of each dimension.
-
-    The parameter is replicated along the axes it does not name.
-    """
-
-    global_shape: tuple[int, ...]
-    axes: tuple[Axis, ...]
-
-    def local_slices(self, shape: GridShape, coords: Coords) -> tuple[slice, ...]:
-        slices = []
-        for size, axis in zip(self.global_shape, self.axes):
-            start, stop = block_range(size, shape.size(axis), coords.along(axis))
-            slices.append(slice(start, stop))
-        return tuple(slices)
-
-
-@dataclass(frozen=True)
-class RankBatch:
-    """One rank's share of a mini-batch (or of the full graph for evaluation).
-
-    ``features``: rows of the batch along X, input columns of part Z (state ``(x,z,y)``).
-    ``labels``/``masks``: rows along the logits' row axis. ``adjacency``: one local
-    SpMM per plane the model uses. ``step`` keys the dropout masks.
-    """
-
-    step: int
-    rows: RowPartition
-    adjacency: Mapping[Plane, LocalSpMM]
-    features: torch.Tensor
-    labels: torch.Tensor
-    masks: Mapping[str, torch.Tensor]
-
-
-def layer_layouts(num_layers: int) -> list[Layout]:
-    """Input state of each GCN layer; index ``num_layers`` is the state the head reads."""
-    states = [INPUT_LAYOUT.after_linear()]
-    for _ in range(num_layers):
-        states.append(states[-1].after_gcn_layer())
-    return states
-
-
-def adjacency_planes(num_layers: int) -> list[Plane]:
-    """The distinct adjacency planes a model of ``num_layers`` layers reads (at most 3)."""
-    planes: list[Plane] = []
-    for state in layer_layouts(num_layers)[:num_layers]:
-        if state.spmm_plane() not in planes:
-            planes.append(state.spmm_plane())
-    return planes
-
-
-def logits_layout(num_layers: int) -> Layout:
-    """State of the logits: rows along the last state's rows, classes along its rep."""
-    return layer_layouts(num_layers)[-1].after_linear()
-
-
-def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> dict[str, ParamShard]:
-    """Global shape and split of every parameter, by name."""
-    states = layer_layouts(cfg.layers)
-    shards = {
-        "input_proj": ParamShard((in_features, cfg.hidden), (INPUT_LAYOUT.cols, INPUT_LAYOUT.rep))
-    }
-    for index, state in enumerate(states[: cfg.layers]):
-        aggregated = state.after_spmm()
-        shards[f"layer{index}_weight"] = ParamShard(
-            (cfg.hidden, cfg.hidden), (aggregated.cols, aggregated.rep)
-        )
-        if cfg.norm:
-            shards[f"layer{index}_gain"] = ParamShard((cfg.hidden,), (aggregated.rep,))
-    last = states[-1]
-    shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
-    return shards
 
 
 def init_global_parameter(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -233,7 +151,7 @@ class ParallelScaleGNN(nn.Module):
 
         The operators of :meth:`forward` with ``training=False`` (no dropout), applied to
         one chunk of a layer's output rows at a time and multiplying by the resident CSR
-        blocks (:mod:`~dgl_scalegnn.model.inference`): the only full-size buffers are a
+        blocks (:mod:`~dgl_scalegnn.sampling.full_graph`): the only full-size buffers are a
         layer's input and output.
         """
         cfg, runtime = self.cfg, self.runtime

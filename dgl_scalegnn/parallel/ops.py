@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dgl_scalegnn.core.layout import Axis, Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce, all_to_all, start_all_reduce
-from dgl_scalegnn.parallel.layout import Axis, Layout
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.parallel.spmm import LocalSpMM
 

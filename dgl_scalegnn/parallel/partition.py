@@ -2,7 +2,7 @@
 
 Rows of a batch matrix are the batch's vertices in sorted global order. The vertex range
 ``[0, N)`` is split into contiguous ranges along each grid axis with
-:func:`~dgl_scalegnn.parallel.layout.split_bounds`; the rows of part ``i`` along an axis
+:func:`~dgl_scalegnn.core.layout.split_bounds`; the rows of part ``i`` along an axis
 are the batch vertices in range ``i``, a contiguous slice of the sorted ids. Rows
 therefore split unevenly from step to step, and every rank derives the same offsets.
 Columns (feature, hidden and class dimensions) are split by count.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dgl_scalegnn.distributed.grid import Coords, GridShape
-from dgl_scalegnn.parallel.layout import Axis, Layout, block_range, split_bounds
+from dgl_scalegnn.core.grid_shape import Coords, GridShape
+from dgl_scalegnn.core.layout import Axis, Layout, block_range, split_bounds
 
 __all__ = ["RowPartition", "ShardSpec"]
 

@@ -23,15 +23,15 @@ import mmap
 import numpy as np
 import torch
 
+from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Plane, block_range
+from dgl_scalegnn.core.schedule import adjacency_planes, logits_layout
 from dgl_scalegnn.data.normalize import inverse_sqrt_degrees
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.data.tiles import TiledAdjacency, Verify, no_check, read_block
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.model.inference import FullGraph
-from dgl_scalegnn.model.scalegnn import RankBatch, adjacency_planes, logits_layout
-from dgl_scalegnn.parallel.layout import INPUT_LAYOUT, Axis, Plane, block_range
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import build_local_spmm
+from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.blocks import (
     ColumnMap,
     CSRBlock,
@@ -39,6 +39,7 @@ from dgl_scalegnn.sampling.blocks import (
     gather_candidates,
     gathered_count,
 )
+from dgl_scalegnn.sampling.full_graph import FullGraph
 from dgl_scalegnn.sampling.uniform import inclusion_probability
 
 __all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees", "release_pages"]

@@ -22,35 +22,12 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.normalize import gcn_normalize
 
 __all__ = [
-    "mix_seed",
-    "step_seed",
     "sample_vertices",
     "inclusion_probability",
     "rescale_off_diagonal",
     "gcn_norm_graph",
     "UniformVertexSampler",
 ]
-
-_MASK64 = (1 << 64) - 1
-
-
-def mix_seed(*parts: int) -> int:
-    """Deterministic 63-bit seed from integers (a splitmix64 chain); order matters."""
-    state = 0x9E3779B97F4A7C15
-    for part in parts:
-        state = (state ^ (int(part) & _MASK64)) & _MASK64
-        state = (state + 0x9E3779B97F4A7C15) & _MASK64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        state = z ^ (z >> 31)
-    return state >> 1
-
-
-def step_seed(base_seed: int, dp_rank: int, step: int) -> int:
-    """Seed of the sample of data-parallel group ``dp_rank`` at global step ``step``."""
-    return mix_seed(base_seed, dp_rank, step)
-
 
 def sample_vertices(num_nodes: int, batch_size: int, seed: int) -> torch.Tensor:
     """Sorted ``(B,)`` int64 vertex ids drawn uniformly without replacement.

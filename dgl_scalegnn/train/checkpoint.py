@@ -28,8 +28,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dgl_scalegnn.distributed.grid import Coords, Grid4D, GridShape
-from dgl_scalegnn.model.scalegnn import ParallelScaleGNN, ParamShard
+from dgl_scalegnn.core.grid_shape import Coords, GridShape
+from dgl_scalegnn.core.schedule import ParamShard
+from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint"]
 

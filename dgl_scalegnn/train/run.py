@@ -14,6 +14,7 @@ import torch.distributed as dist
 import dgl_scalegnn
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import Config, ParallelConfig, check_kernel_backend
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.cache import shared_prepared_directory
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.graph import DatasetError
@@ -26,7 +27,7 @@ from dgl_scalegnn.distributed.bootstrap import (
     resolve_backend,
 )
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
-from dgl_scalegnn.distributed.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog, is_communication_error
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.metrics import MetricsWriter

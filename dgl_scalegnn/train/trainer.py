@@ -25,13 +25,15 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, ConfigError
+from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
-from dgl_scalegnn.model.scalegnn import ParallelScaleGNN, RankBatch
+from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
+from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
-from dgl_scalegnn.sampling.uniform import sample_vertices, step_seed
+from dgl_scalegnn.sampling.uniform import sample_vertices
 from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dgl_scalegnn.train.metrics import MetricsWriter
 

@@ -19,10 +19,11 @@ import torch
 
 import yaml
 from dgl_scalegnn.config import config_from_mapping
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime
-from dgl_scalegnn.distributed.grid import Grid4D, GridShape
+from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.metrics import MetricsWriter, read_metrics

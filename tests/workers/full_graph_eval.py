@@ -17,8 +17,8 @@ import torch
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.model.scalegnn import RankBatch
 from dgl_scalegnn.parallel.spmm import build_local_spmm
+from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session

@@ -31,7 +31,7 @@ class Layout:
 
     Examples
     --------
-    >>> from dgl_scalegnn.parallel.layout import Axis, Layout
+    >>> from dgl_scalegnn.core.layout import Axis, Layout
     >>> state = Layout(Axis.X, Axis.Y, Axis.Z)
     >>> str(state), str(state.after_spmm()), str(state.after_linear())
     ('(x,y,z)', '(z,y,x)', '(x,z,y)')

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dgl_scalegnn.distributed.grid import Coords, GridShape
-from dgl_scalegnn.parallel.layout import Axis, Plane, split_bounds
+from dgl_scalegnn.core.grid_shape import Coords, GridShape
+from dgl_scalegnn.core.layout import Axis, Plane, split_bounds
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import csr_tensor
 from dgl_scalegnn.sampling.blocks import CSRBlock

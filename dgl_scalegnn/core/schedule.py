@@ -1,0 +1,73 @@
+"""The model's communication schedule as values: the layout each layer reads, the
+adjacency planes the layers use and how every parameter is split over the grid.
+
+Model, store, performance model and checkpoints all read this one description.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.grid_shape import Coords, GridShape
+from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, Plane, block_range
+
+__all__ = ["ParamShard", "layer_layouts", "adjacency_planes", "logits_layout", "parameter_shards"]
+
+
+@dataclass(frozen=True)
+class ParamShard:
+    """How a parameter is split: its global shape and the grid axis of each dimension.
+
+    The parameter is replicated along the axes it does not name.
+    """
+
+    global_shape: tuple[int, ...]
+    axes: tuple[Axis, ...]
+
+    def local_slices(self, shape: GridShape, coords: Coords) -> tuple[slice, ...]:
+        slices = []
+        for size, axis in zip(self.global_shape, self.axes):
+            start, stop = block_range(size, shape.size(axis), coords.along(axis))
+            slices.append(slice(start, stop))
+        return tuple(slices)
+
+
+def layer_layouts(num_layers: int) -> list[Layout]:
+    """Input state of each GCN layer; index ``num_layers`` is the state the head reads."""
+    states = [INPUT_LAYOUT.after_linear()]
+    for _ in range(num_layers):
+        states.append(states[-1].after_gcn_layer())
+    return states
+
+
+def adjacency_planes(num_layers: int) -> list[Plane]:
+    """The distinct adjacency planes a model of ``num_layers`` layers reads (at most 3)."""
+    planes: list[Plane] = []
+    for state in layer_layouts(num_layers)[:num_layers]:
+        if state.spmm_plane() not in planes:
+            planes.append(state.spmm_plane())
+    return planes
+
+
+def logits_layout(num_layers: int) -> Layout:
+    """State of the logits: rows along the last state's rows, classes along its rep."""
+    return layer_layouts(num_layers)[-1].after_linear()
+
+
+def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> dict[str, ParamShard]:
+    """Global shape and split of every parameter, by name."""
+    states = layer_layouts(cfg.layers)
+    shards = {
+        "input_proj": ParamShard((in_features, cfg.hidden), (INPUT_LAYOUT.cols, INPUT_LAYOUT.rep))
+    }
+    for index, state in enumerate(states[: cfg.layers]):
+        aggregated = state.after_spmm()
+        shards[f"layer{index}_weight"] = ParamShard(
+            (cfg.hidden, cfg.hidden), (aggregated.cols, aggregated.rep)
+        )
+        if cfg.norm:
+            shards[f"layer{index}_gain"] = ParamShard((cfg.hidden,), (aggregated.rep,))
+    last = states[-1]
+    shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
+    return shards
