@@ -15,8 +15,8 @@ from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.tiles import tile_adjacency
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.parallel.ops import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
+from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.spmm import SPMM_KERNELS, build_local_spmm
 from dgl_scalegnn.sampling.blocks import extract_block, full_block
 from dgl_scalegnn.sampling.store import RankStore, load_csr_block

@@ -13,8 +13,8 @@ import torch
 
 from dgl_scalegnn.core.seeds import mix_seed
 from dgl_scalegnn.parallel import elementwise
+from dgl_scalegnn.parallel.dropout_hash import dropout_mask, hash32
 from dgl_scalegnn.parallel.elementwise import LayerTail
-from dgl_scalegnn.parallel.ops import dropout_mask, hash32
 
 MIX = np.uint32(0x45D9F3B)
 

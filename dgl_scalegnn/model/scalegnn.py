@@ -28,17 +28,11 @@ from dgl_scalegnn.core.schedule import layer_layouts, parameter_shards
 from dgl_scalegnn.core.seeds import mix_seed
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
 from dgl_scalegnn.parallel.elementwise import LayerTail, hashed_dropout
-from dgl_scalegnn.parallel.ops import (
-    parallel_argmax,
-    parallel_bce,
-    parallel_cross_entropy,
-    parallel_linear,
-    parallel_spmm,
-    redistribute,
-    reduce_grad,
-    sum_of_squares,
-)
+from dgl_scalegnn.parallel.losses import parallel_argmax, parallel_bce, parallel_cross_entropy
+from dgl_scalegnn.parallel.norm import reduce_grad, sum_of_squares
 from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
+from dgl_scalegnn.parallel.redistribute import redistribute
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.full_graph import (
     DEFAULT_CHUNK_ROWS,

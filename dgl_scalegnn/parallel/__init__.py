@@ -1,0 +1,21 @@
+"""Parallel operators of a GCN layer under 3D PMM, each an autograd function
+(products.py, norm.py, redistribute.py, losses.py; dropout masks in dropout_hash.py).
+
+Every operator takes the local shard of a matrix in a :class:`Layout` ``(a, b, e)``
+and writes its forward and backward side by side. Notation: ``group(a)`` is the group
+of ranks that differ only along grid axis ``a``.
+
+=================  ==========================  =====================================
+operator           forward                     backward
+=================  ==========================  =====================================
+linear  X W        all-reduce group(b)         dX: all-reduce group(e);
+                                               dW: all-reduce group(a)
+SpMM    A F        all-reduce group(a)         dF: all-reduce group(e)
+RMSNorm            sum of squares, group(b)    the same, group(b); gain: group(a)
+redistribute       all-to-all over the TP grid the reverse all-to-all
+cross-entropy      max/sum-exp over group(b),  local
+                   loss over group(a)
+=================  ==========================  =====================================
+
+Gradients of replicated tensors are kept complete on every replica.
+"""

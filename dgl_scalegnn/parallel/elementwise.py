@@ -6,7 +6,7 @@
 
 with :math:`s` the row sums of squares (already all-reduced), :math:`d` the global
 width, and the dropout mask hashed from global (vertex, column) ids
-(:func:`~dgl_scalegnn.parallel.ops.dropout_mask`). :class:`LayerTail` is one autograd
+(:func:`~dgl_scalegnn.parallel.dropout_hash.dropout_mask`). :class:`LayerTail` is one autograd
 function: its forward keeps a one-byte mask of the elements that pass both ReLU and
 dropout, so backward reads the mask instead of hashing again, and the dropout scale is
 folded into the gain. Forward and backward are two plain tensor kernels, run eagerly
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dgl_scalegnn.parallel.ops import dropout_hashes, dropout_keep
+from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_keep
 from dgl_scalegnn.profiling import Profiler
 
 __all__ = [

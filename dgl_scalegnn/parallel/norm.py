@@ -1,0 +1,68 @@
+"""RMSNorm's statistics under 3D PMM: row sums of squares over the column group,
+and the gain's gradient completed over the row group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dgl_scalegnn.core.layout import Axis, Layout
+from dgl_scalegnn.distributed.comm import Runtime, all_reduce
+from dgl_scalegnn.parallel.partition import ShardSpec
+
+__all__ = ["sum_of_squares", "reduce_grad"]
+
+
+class _SumOfSquaresFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, runtime: Runtime, layout: Layout):
+        ctx.save_for_backward(x)
+        ctx.runtime, ctx.layout = runtime, layout
+        with runtime.profiler.region("elementwise"):
+            square_sum = (x * x).sum(dim=1, keepdim=True)
+        # Statistics stay float32 even when PMM traffic is bfloat16.
+        return all_reduce(square_sum, runtime.grid.group(layout.cols), runtime.profiler)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        runtime = ctx.runtime
+        # Every rank of the group used the sum with its own columns: add their gradients.
+        grad = all_reduce(grad.contiguous(), runtime.grid.group(ctx.layout.cols), runtime.profiler)
+        return 2.0 * x * grad, None, None
+
+
+def sum_of_squares(x: torch.Tensor, spec: ShardSpec, runtime: Runtime) -> torch.Tensor:
+    """Row sums of squares over the global columns; forward and backward: all-reduce over ``b``.
+
+    ``x`` in state ``(a, b, e)``; returns ``(rows, 1)`` float32, the same on every rank
+    of the ``b``-group.
+    """
+    return _SumOfSquaresFn.apply(x, runtime, spec.layout)
+
+
+class _ReduceGradFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, runtime: Runtime, axis: Axis):
+        ctx.runtime, ctx.axis = runtime, axis
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        runtime = ctx.runtime
+        return (
+            all_reduce(grad.contiguous(), runtime.grid.group(ctx.axis), runtime.profiler),
+            None,
+            None,
+        )
+
+
+def reduce_grad(tensor: torch.Tensor, axis: Axis, runtime: Runtime) -> torch.Tensor:
+    """Forward: identity; backward: all-reduce over the group along ``axis``.
+
+    For a parameter replicated along ``axis`` whose uses there see different rows (the
+    RMSNorm gain): each rank's gradient is a partial sum over its rows.
+    """
+    return _ReduceGradFn.apply(tensor, runtime, axis)
