@@ -33,6 +33,7 @@ from dgl_scalegnn.core.schedule import (
     layer_layouts,
     logits_layout,
     parameter_shards,
+    steps_per_epoch,
 )
 
 __all__ = [
@@ -76,7 +77,7 @@ class Workload:
         return self.batch_size + (self.nnz - self.num_nodes) * self.batch_size / self.num_nodes * p
 
     def steps_per_epoch(self, dp: int) -> int:
-        return max(1, math.ceil(math.ceil(self.num_nodes / self.batch_size) / dp))
+        return steps_per_epoch(self.num_nodes, self.batch_size, dp)
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,21 @@ Model, store, performance model and checkpoints all read this one description.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, Plane, block_range
 
-__all__ = ["ParamShard", "layer_layouts", "adjacency_planes", "logits_layout", "parameter_shards"]
+__all__ = [
+    "ParamShard",
+    "layer_layouts",
+    "adjacency_planes",
+    "logits_layout",
+    "parameter_shards",
+    "steps_per_epoch",
+]
 
 
 @dataclass(frozen=True)
@@ -71,3 +79,12 @@ def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> di
     last = states[-1]
     shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
     return shards
+
+
+def steps_per_epoch(num_nodes: int, batch_size: int, dp_size: int) -> int:
+    """``ceil(ceil(N / B) / Gd)``: each DP group covers its share of the vertices.
+
+    >>> steps_per_epoch(1000, 100, 4)
+    3
+    """
+    return max(1, math.ceil(math.ceil(num_nodes / batch_size) / dp_size))

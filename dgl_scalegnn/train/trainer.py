@@ -13,7 +13,6 @@ Training time excludes evaluation, as the paper reports it.
 from __future__ import annotations
 
 import contextlib
-import math
 import resource
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, ConfigError
+from dgl_scalegnn.core.schedule import steps_per_epoch
 from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
@@ -37,16 +37,11 @@ from dgl_scalegnn.sampling.uniform import sample_vertices
 from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from dgl_scalegnn.train.metrics import MetricsWriter
 
-__all__ = ["Trainer", "NonFiniteError", "steps_per_epoch", "peak_rss_mb"]
+__all__ = ["Trainer", "NonFiniteError", "peak_rss_mb"]
 
 
 class NonFiniteError(FloatingPointError):
     """A NaN or infinite loss or gradient; the message names the epoch and step."""
-
-
-def steps_per_epoch(num_nodes: int, batch_size: int, dp_size: int) -> int:
-    """``ceil(ceil(N / B) / Gd)``: each DP group covers its share of the vertices."""
-    return max(1, math.ceil(math.ceil(num_nodes / batch_size) / dp_size))
 
 
 def peak_rss_mb() -> float:
