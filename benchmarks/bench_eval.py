@@ -92,9 +92,10 @@ def main() -> dict:
     results = {"ours": _rounds(trainer.evaluate, ROUNDS)}
 
     def whole_batch_evaluation(batch: RankBatch) -> None:
+        trainer.model.eval()
         with torch.no_grad():
-            logits, spec = trainer.model(batch, training=False)
-            trainer.model.accuracy_counts(logits, spec, batch)
+            logits, spec = trainer.model(batch)
+            trainer.objective.counts(logits, spec, batch)
 
     graph = trainer.store.full_graph()
     start = time.perf_counter()

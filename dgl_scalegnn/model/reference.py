@@ -22,7 +22,7 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.schedule import parameter_shards
 from dgl_scalegnn.core.seeds import mix_seed
-from dgl_scalegnn.model.scalegnn import INPUT_DROPOUT_LAYER, init_global_parameter
+from dgl_scalegnn.model.layers import INPUT_DROPOUT_LAYER, init_global_parameter
 from dgl_scalegnn.parallel.elementwise import hashed_dropout
 
 __all__ = ["ScaleGNN"]

@@ -19,6 +19,7 @@ they are (:meth:`RankStore.full_graph`).
 from __future__ import annotations
 
 import mmap
+import warnings
 
 import numpy as np
 import torch
@@ -164,8 +165,15 @@ class RankStore:
         self.num_nodes = n
 
     def _load(self, array: np.ndarray) -> torch.Tensor:
-        """Copy a (memory-mapped) slice into a tensor on the device, counting the bytes."""
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        """A (memory-mapped) slice as a tensor on the device, counting the bytes.
+
+        On the CPU the tensor stays a view of the read-only mapping (nothing writes to a
+        rank's share), so its pages are the page cache's, not a copy; torch's warning
+        about a non-writable array is expected there.
+        """
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            tensor = torch.from_numpy(np.ascontiguousarray(array))
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor.to(self.device)
 

@@ -63,7 +63,7 @@ def _rank_file(coords: Coords, shape: GridShape) -> str:
 
 def _optimizer_state(model: ParallelScaleGNN, optimizer: torch.optim.Optimizer) -> dict:
     """Adam state per parameter name (``exp_avg``, ``exp_avg_sq``, ``step``)."""
-    by_param = {id(p): name for name, p in model.params.items()}
+    by_param = {id(p): name for name, p in model.sharded_state_dict().items()}
     state = {}
     for param, values in optimizer.state.items():
         state[by_param[id(param)]] = {k: v.detach().cpu().clone() for k, v in values.items()}
@@ -85,13 +85,14 @@ def save_checkpoint(
     Returns the checkpoint directory on rank 0.
     """
     root = Path(directory)
+    params = model.sharded_state_dict()
     name = f"step_{progress['global_step']:08d}"
     partial = root / f"{name}.partial"
     if grid.coords.d == 0:
         partial.mkdir(parents=True, exist_ok=True)
         payload = {
             "coords": asdict(grid.coords),
-            "params": {n: p.detach().cpu().clone() for n, p in model.params.items()},
+            "params": {n: p.detach().cpu().clone() for n, p in params.items()},
             "optimizer": _optimizer_state(model, optimizer),
         }
         target = partial / _rank_file(grid.coords, grid.shape)
@@ -107,7 +108,7 @@ def save_checkpoint(
             "config": config,
             "shards": {
                 n: {"global_shape": list(s.global_shape), "axes": [str(a) for a in s.axes]}
-                for n, s in model.shards.items()
+                for n, s in ((n, p.shard) for n, p in params.items())
             },
             "optimizer": type(optimizer).__name__,
         }
@@ -183,15 +184,14 @@ def load_checkpoint(
         if not file.is_file():
             raise CheckpointError(f"{file}: missing; the checkpoint is incomplete")
         records.append(torch.load(file, map_location="cpu", weights_only=True))
-    slices = {n: s.local_slices(grid.shape, grid.coords) for n, s in model.shards.items()}
+    params = model.sharded_state_dict()
+    slices = {n: p.shard.local_slices(grid.shape, grid.coords) for n, p in params.items()}
     device = next(model.parameters()).device
     with torch.no_grad():
-        for name, param in model.params.items():
-            full = _assemble(
-                records, old_shape, model.shards[name], lambda r, n=name: r["params"][n]
-            )
+        for name, param in params.items():
+            full = _assemble(records, old_shape, param.shard, lambda r, n=name: r["params"][n])
             param.copy_(full[slices[name]].to(device))
-    for name, param in model.params.items():
+    for name, param in params.items():
         state_keys = records[0]["optimizer"].get(name, {})
         if not state_keys:
             continue
@@ -203,7 +203,7 @@ def load_checkpoint(
                 full = _assemble(
                     records,
                     old_shape,
-                    model.shards[name],
+                    param.shard,
                     lambda r, n=name, k=key: r["optimizer"][n][k],
                 )
                 state[key] = full[slices[name]].to(device).contiguous()

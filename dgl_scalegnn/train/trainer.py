@@ -29,6 +29,7 @@ from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
+from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.prefetch import Prefetcher
@@ -121,9 +122,9 @@ class Trainer:
             num_classes=meta.num_classes,
             runtime=runtime,
             seed=cfg.train.seed,
-            multilabel=meta.multilabel,
             fuse=cfg.parallel.fuse,
         ).to(self.device)
+        self.objective = Objective(runtime, multilabel=meta.multilabel)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
@@ -219,8 +220,8 @@ class Trainer:
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        logits, spec = self.model(batch, training=True)
-        loss = self.model.loss(logits, spec, batch, "train")
+        logits, spec = self.model(batch)
+        loss = self.objective.loss(logits, spec, batch, "train")
         loss.backward()
         status = self._average_gradients(loss)
         skip = self.cfg.train.on_nonfinite == "skip"
@@ -252,7 +253,7 @@ class Trainer:
         self.model.eval()
         graph = self.store.full_graph()
         logits, spec = self.model.forward_full_graph(graph)
-        counts = self.model.accuracy_counts(logits, spec, graph)
+        counts = self.objective.counts(logits, spec, graph)
         return {f"{split}_acc": c / max(total, 1.0) for split, (c, total) in counts.items()}
 
     # ----------------------------------------------------------------- the loop

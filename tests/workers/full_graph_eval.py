@@ -44,6 +44,7 @@ def main(spec_path: str) -> None:
             trainer = Trainer(cfg, prepared, runtime, MetricsWriter(None, enabled=False))
             trainer.train_step(trainer.sample(0))  # weights no longer grid-symmetric
             graph = trainer.store.full_graph()
+            trainer.model.eval()
             with torch.no_grad():
                 logits, logits_spec = trainer.model.forward_full_graph(graph, spec["chunk_rows"])
                 whole = RankBatch(
@@ -54,7 +55,7 @@ def main(spec_path: str) -> None:
                     labels=graph.labels,
                     masks=graph.masks,
                 )
-                batch_logits, _ = trainer.model(whole, training=False)
+                batch_logits, _ = trainer.model(whole)
             record = {
                 "coords": [grid.coords.d, grid.coords.x, grid.coords.y, grid.coords.z],
                 "logits": logits,
@@ -62,9 +63,11 @@ def main(spec_path: str) -> None:
                 "logit_rows": logits_spec.row_range(grid.coords),
                 "logit_cols": logits_spec.col_range(grid.shape, grid.coords),
                 "accuracy": trainer.evaluate(),
-                "batch_counts": trainer.model.accuracy_counts(batch_logits, logits_spec, whole),
-                "counts": trainer.model.accuracy_counts(logits, logits_spec, graph),
-                "params": {n: p.detach().clone() for n, p in trainer.model.params.items()},
+                "batch_counts": trainer.objective.counts(batch_logits, logits_spec, whole),
+                "counts": trainer.objective.counts(logits, logits_spec, graph),
+                "params": {
+                    n: p.detach().clone() for n, p in trainer.model.sharded_state_dict().items()
+                },
             }
             torch.save(record, Path(spec["out"]) / f"rank{grid.rank}_{name}.pt")
     finally:

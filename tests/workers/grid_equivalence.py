@@ -41,8 +41,9 @@ def main(spec_path: str) -> None:
             trainer = Trainer(layer_cfg, prepared, runtime, MetricsWriter(None, enabled=False))
             model = trainer.model
             batch = trainer.sample(0)
-            logits, logits_spec = model(batch, training=True)
-            loss = model.loss(logits, logits_spec, batch, "train")
+            model.train()
+            logits, logits_spec = model(batch)
+            loss = trainer.objective.loss(logits, logits_spec, batch, "train")
             loss.backward()
             trainer._average_gradients(loss)
             row_start, row_stop = logits_spec.row_range(grid.coords)
@@ -54,14 +55,15 @@ def main(spec_path: str) -> None:
                 "logit_rows": (row_start, row_stop),
                 "logit_cols": (col_start, col_stop),
                 "loss": loss.item(),
-                "grads": {n: p.grad.clone() for n, p in model.params.items()},
+                "grads": {n: p.grad.clone() for n, p in model.sharded_state_dict().items()},
             }
             trainer.optimizer.step()
-            record["params_step1"] = {n: p.detach().clone() for n, p in model.params.items()}
+            params = model.sharded_state_dict()
+            record["params_step1"] = {n: p.detach().clone() for n, p in params.items()}
             steps = spec.get("steps", 1) if layers == max(spec["layers"]) else 1
             for step in range(1, steps):
                 trainer.train_step(trainer.sample(step))
-            record["params_final"] = {n: p.detach().clone() for n, p in model.params.items()}
+            record["params_final"] = {n: p.detach().clone() for n, p in params.items()}
             torch.save(record, Path(spec["out"]) / f"rank{grid.rank}_L{layers}.pt")
     finally:
         end_session(session)

@@ -1,0 +1,185 @@
+"""The layers of ScaleGNN under 3D PMM, each owning its parameter shards.
+
+.. math::
+
+    X_{h,0} = X_S W_{in}, \\qquad
+    X_{h,l} = \\mathrm{Dropout}(\\mathrm{ReLU}(\\mathrm{RMSNorm}(\\tilde A_S X_{h,l-1} W_l)))
+              + X_{h,l-1}, \\qquad
+    O = X_{h,L} W_{out}
+
+Each layer knows the layout it reads (and a GCN layer the adjacency plane it multiplies
+by), from the schedule (:mod:`~dgl_scalegnn.core.schedule`). Its parameters are this
+rank's slices of tensors initialised from the seed at their *global* shape, and carry
+that shape and split as ``param.shard`` (a :class:`~dgl_scalegnn.core.schedule.ParamShard`),
+which checkpointing reads. Shapes are local: ``(rows, cols)`` of a shard in the layout
+its :class:`~dgl_scalegnn.parallel.partition.ShardSpec` names.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+from torch import nn
+
+from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.layout import INPUT_LAYOUT, Layout, Plane
+from dgl_scalegnn.core.schedule import ParamShard
+from dgl_scalegnn.core.seeds import mix_seed
+from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.parallel.elementwise import LayerTail, hashed_dropout
+from dgl_scalegnn.parallel.norm import reduce_grad, sum_of_squares
+from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
+from dgl_scalegnn.parallel.redistribute import redistribute
+from dgl_scalegnn.parallel.spmm import LocalSpMM
+
+__all__ = [
+    "INPUT_DROPOUT_LAYER",
+    "init_global_parameter",
+    "sharded_parameter",
+    "InputProjection",
+    "GCNLayer",
+    "Head",
+]
+
+#: Dropout-mask key of the input features (GCN layers use 0..L-1).
+INPUT_DROPOUT_LAYER = -1
+
+
+def init_global_parameter(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The full parameter ``name``: Glorot-uniform weights, unit gains, from ``seed``."""
+    if len(shape) == 1:
+        return torch.ones(shape)
+    generator = torch.Generator().manual_seed(mix_seed(seed, zlib.crc32(name.encode())))
+    bound = (6.0 / (shape[0] + shape[1])) ** 0.5
+    return (torch.rand(shape, generator=generator) * 2 - 1) * bound
+
+
+def sharded_parameter(name: str, shard: ParamShard, runtime: Runtime, seed: int) -> nn.Parameter:
+    """This rank's slice of parameter ``name``, with ``shard`` recorded on it.
+
+    >>> from dgl_scalegnn.core.layout import Axis
+    >>> param = sharded_parameter("w", ParamShard((6, 4), (Axis.X, Axis.Y)),
+    ...                           Runtime.single_process(), seed=0)
+    >>> tuple(param.shape), param.shard.global_shape
+    ((6, 4), (6, 4))
+    """
+    grid = runtime.grid
+    full = init_global_parameter(name, shard.global_shape, seed)
+    param = nn.Parameter(full[shard.local_slices(grid.shape, grid.coords)].contiguous())
+    param.shard = shard
+    return param
+
+
+class InputProjection(nn.Module):
+    """:math:`X_S W_{in}`: features in :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT`
+    ``(x, z, y)``, hidden ``(x, y, z)`` out; input dropout (hashed) while training."""
+
+    layout = INPUT_LAYOUT
+
+    def __init__(
+        self, cfg: ModelConfig, shards: dict[str, ParamShard], runtime: Runtime, seed: int
+    ) -> None:
+        super().__init__()
+        self.cfg, self.runtime, self.seed = cfg, runtime, seed
+        self.weight = sharded_parameter("input_proj", shards["input_proj"], runtime, seed)
+
+    def forward(
+        self, features: torch.Tensor, spec: ShardSpec, step: int
+    ) -> tuple[torch.Tensor, ShardSpec]:
+        """``(rows, in_cols)`` shard of spec ``spec`` -> ``(rows, hidden_cols)`` and its spec."""
+        cfg, runtime = self.cfg, self.runtime
+        if self.training and cfg.input_dropout > 0:
+            grid = runtime.grid
+            with runtime.profiler.region("elementwise"):
+                row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
+                col_start, _ = spec.col_range(grid.shape, grid.coords)
+                key = mix_seed(self.seed, step, INPUT_DROPOUT_LAYER)
+                features = hashed_dropout(features, key, row_ids, col_start, cfg.input_dropout)
+        return parallel_linear(features, self.weight, spec, cfg.hidden, runtime)
+
+
+class GCNLayer(nn.Module):
+    """Layer ``index``: :math:`\\mathrm{tail}(\\tilde A X W_l)` with the tail
+    (RMSNorm, ReLU, dropout, residual) of :class:`~dgl_scalegnn.parallel.elementwise.LayerTail`.
+
+    Reads layout ``(r, c, o)`` and the adjacency shard of plane ``(o, r)``; writes
+    ``(o, r, c)`` (layer rotation).
+    """
+
+    def __init__(
+        self,
+        index: int,
+        layout: Layout,
+        cfg: ModelConfig,
+        shards: dict[str, ParamShard],
+        runtime: Runtime,
+        seed: int,
+        tail: LayerTail,
+    ) -> None:
+        super().__init__()
+        self.index, self.layout = index, layout
+        self.plane: Plane = layout.spmm_plane()
+        self.cfg, self.runtime, self.seed, self.tail = cfg, runtime, seed, tail
+        name = f"layer{index}_weight"
+        self.weight = sharded_parameter(name, shards[name], runtime, seed)
+        gain = f"layer{index}_gain"
+        self.gain = sharded_parameter(gain, shards[gain], runtime, seed) if cfg.norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        spec: ShardSpec,
+        adjacency: LocalSpMM,
+        step: int,
+        residual_input: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ShardSpec]:
+        """``x`` in ``spec`` (layout ``self.layout``) -> the layer's output and its spec.
+
+        ``adjacency`` is the local block of :attr:`plane` for the output rows ``spec``
+        names; ``residual_input`` the rows of the layer input that the output rows add
+        (``x`` itself unless the output covers only some rows of ``x``).
+        """
+        cfg, runtime = self.cfg, self.runtime
+        hidden, out_spec = parallel_spmm(x, adjacency, spec, runtime)
+        hidden, out_spec = parallel_linear(hidden, self.weight, out_spec, cfg.hidden, runtime)
+        grid = runtime.grid
+        square_sum = gain = residual = None
+        if cfg.norm:
+            square_sum = sum_of_squares(hidden, out_spec, runtime)
+            gain = reduce_grad(self.gain, out_spec.layout.rows, runtime)
+        if cfg.residual:
+            layer_input = x if residual_input is None else residual_input
+            residual = redistribute(layer_input, spec, out_spec.layout, runtime)
+        col_start, _ = out_spec.col_range(grid.shape, grid.coords)
+        rows = out_spec.layout.rows
+        with runtime.profiler.region("elementwise"):
+            out = self.tail(
+                hidden,
+                square_sum,
+                gain,
+                residual,
+                out_spec.rows.ids(rows, grid.coord(rows)),
+                key=mix_seed(self.seed, step, self.index),
+                col_start=col_start,
+                width=out_spec.num_cols,
+                eps=cfg.rms_eps,
+                rate=cfg.dropout if self.training else 0.0,
+                profiler=runtime.profiler,
+            )
+        return out, out_spec
+
+
+class Head(nn.Module):
+    """:math:`X_{h,L} W_{out}`: logits with classes split along the output layout's columns."""
+
+    def __init__(
+        self, num_classes: int, shards: dict[str, ParamShard], runtime: Runtime, seed: int
+    ) -> None:
+        super().__init__()
+        self.num_classes, self.runtime = num_classes, runtime
+        self.weight = sharded_parameter("head", shards["head"], runtime, seed)
+
+    def forward(self, hidden: torch.Tensor, spec: ShardSpec) -> tuple[torch.Tensor, ShardSpec]:
+        return parallel_linear(hidden, self.weight, spec, self.num_classes, self.runtime)

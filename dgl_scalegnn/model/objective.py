@@ -1,0 +1,77 @@
+"""The training loss and the evaluation counts of a logits shard.
+
+Single-label graphs: cross-entropy averaged over the labelled rows of a split, and
+(correct, total) per split. Multi-label graphs: binary cross-entropy over the classes,
+and the micro-F1 terms :math:`(2\\,TP,\\; 2\\,TP + FP + FN)` per split. Every value is
+the same on every rank of the grid; the rows of a split are the batch's rows whose
+mask is set.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgl_scalegnn.distributed.comm import Runtime, all_reduce
+from dgl_scalegnn.parallel.losses import parallel_argmax, parallel_bce, parallel_cross_entropy
+from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.sampling.batch import RankBatch
+from dgl_scalegnn.sampling.full_graph import FullGraph
+
+__all__ = ["Objective"]
+
+
+class Objective:
+    """Loss and metric counting for a model on ``runtime``'s grid.
+
+    Parameters
+    ----------
+    runtime : Runtime
+        Grid and profiler.
+    multilabel : bool
+        Binary cross-entropy and micro-F1 instead of cross-entropy and accuracy.
+    """
+
+    def __init__(self, runtime: Runtime, multilabel: bool = False) -> None:
+        self.runtime, self.multilabel = runtime, multilabel
+
+    def loss(
+        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch, split: str = "train"
+    ) -> torch.Tensor:
+        """Mean loss over the batch rows labelled for ``split`` (same value on every rank)."""
+        mask = batch.masks[split]
+        if self.multilabel:
+            grid = self.runtime.grid
+            class_start, class_stop = spec.col_range(grid.shape, grid.coords)
+            targets = batch.labels[:, class_start:class_stop]
+            return parallel_bce(logits, targets, mask, spec, self.runtime)
+        return parallel_cross_entropy(logits, batch.labels, mask, spec, self.runtime)
+
+    @torch.no_grad()
+    def counts(
+        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch | FullGraph
+    ) -> dict[str, tuple[float, float]]:
+        """Per split, (correct, total) summed over the grid (micro-F1 terms if multi-label)."""
+        grid, profiler = self.runtime.grid, self.runtime.profiler
+        splits = sorted(batch.masks)
+        if self.multilabel:
+            class_start, class_stop = spec.col_range(grid.shape, grid.coords)
+            predicted = logits > 0
+            truth = batch.labels[:, class_start:class_stop] > 0.5
+            rows = []
+            for split in splits:
+                mask = batch.masks[split].unsqueeze(1)
+                true_pos = (predicted & truth & mask).sum()
+                false_any = ((predicted ^ truth) & mask).sum()
+                rows.append(torch.stack((2 * true_pos, 2 * true_pos + false_any)))
+            counts = all_reduce(torch.stack(rows).double(), grid.group(spec.layout.cols), profiler)
+        else:
+            predicted = parallel_argmax(logits, spec, self.runtime)
+            correct = predicted == batch.labels
+            counts = torch.stack(
+                [
+                    torch.stack(((correct & batch.masks[s]).sum(), batch.masks[s].sum()))
+                    for s in splits
+                ]
+            ).double()
+        counts = all_reduce(counts, grid.group(spec.layout.rows), profiler)
+        return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, counts)}
