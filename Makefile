@@ -27,6 +27,7 @@ test-gpu:
 
 lint:
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The synthetic default on a 4-process grid through mpirun (NP, GRID, CONFIG overridable).
 run:

@@ -136,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for spec in args.runs.split(","):
         sampler, model_name = spec.split(":")
-        result = run(
-            graph, sampler, model_name, model_cfg, batch, args.lr, args.steps, args.seed
-        )
+        result = run(graph, sampler, model_name, model_cfg, batch, args.lr, args.steps, args.seed)
         cells = " | ".join(f"{100 * result[s]:.1f}" for s in steps)
         row = f"| {sampler} + {model_name} | {cells} |"
         lines.append(row)

@@ -21,7 +21,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -41,7 +41,9 @@ __all__ = [
     "apply_overrides",
     "DATASET_NAMES",
     "check_kernel_backend",
+    "SPMM_KERNELS",
     "CPU_ONLY_KERNELS",
+    "registry",
 ]
 
 
@@ -194,13 +196,40 @@ class Config:
 #: Local SpMM kernels that call DGL's sparse operators, which DGL's wheels provide on CPU
 #: only (see :mod:`dgl_scalegnn.parallel.spmm`).
 CPU_ONLY_KERNELS = ("dgl-scaled", "dgl-weighted")
+#: Every local SpMM kernel (``parallel.spmm_kernel`` also takes ``auto``).
+SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
+
+_Entry = TypeVar("_Entry")
+
+
+def registry(key: str, names: tuple[str, ...], entries: dict[str, _Entry]) -> dict[str, _Entry]:
+    """The implementation table of config ``key``, keyed by exactly the ``names`` it accepts.
+
+    The names a user can choose are declared once, here, where every package reads them;
+    a package's table of implementations is built through this function, so a name
+    without an implementation (or the reverse) fails when that package is imported.
+
+    >>> try:
+    ...     registry("parallel.spmm_kernel", ("a", "b"), {"a": 1})
+    ... except ImportError as error:
+    ...     print(error)
+    parallel.spmm_kernel: names without an implementation ['b'], implementations without a name []
+    """
+    missing, extra = set(names) - set(entries), set(entries) - set(names)
+    if missing or extra:
+        raise ImportError(
+            f"{key}: names without an implementation {sorted(missing)}, "
+            f"implementations without a name {sorted(extra)}"
+        )
+    return entries
+
 
 _CHOICES = {
     "data.name": DATASET_NAMES,
     "train.target_metric": ("train_acc", "val_acc", "test_acc"),
     "train.on_nonfinite": ("stop", "skip"),
     "parallel.backend": ("auto", "gloo", "nccl"),
-    "parallel.spmm_kernel": ("auto", "torch-csr", *CPU_ONLY_KERNELS),
+    "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),
 }
 
 

@@ -2,10 +2,11 @@
 
 Given the workload (``N``, ``nnz``, ``B``, dimensions, layers) and the grid
 ``Gd x Gx x Gy x Gz``, :func:`step_collectives` lists every collective a rank runs in
-one training step, following the operators' layout rules one by one, with its group
-kind, group size and payload; :func:`step_bytes` sums the payloads per group kind (the
-same accounting as :class:`~dgl_scalegnn.profiling.Profiler`). Batch rows split by
-vertex ranges, so a part of ``n`` vertices holds ``B n / N`` rows in expectation.
+one training step, with its group kind, group size and payload, from the cost
+function each parallel operator has beside it (composed by the model's layers);
+:func:`step_bytes` sums the payloads per group kind (the same accounting as
+:class:`~dgl_scalegnn.profiling.Profiler`). Batch rows split by vertex ranges, so a
+part of ``n`` vertices holds ``B n / N`` rows in expectation.
 :func:`step_time` turns payloads and flops into seconds for a :class:`Hardware`
 (ring all-reduce: :math:`2 (g-1)/g \\cdot b / \\beta + 2 (g-1) \\alpha`), and
 :func:`memory_bytes` predicts what a rank holds.
@@ -26,6 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.cost import DATA_PARALLEL, TP_GRID
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, block_range
 from dgl_scalegnn.core.schedule import (
@@ -35,6 +37,9 @@ from dgl_scalegnn.core.schedule import (
     parameter_shards,
     steps_per_epoch,
 )
+from dgl_scalegnn.model.objective import Objective
+from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
+from dgl_scalegnn.parallel.data_parallel import average_gradients_cost
 
 __all__ = [
     "Workload",
@@ -126,74 +131,53 @@ class _Rank:
         start, stop = block_range(width, self.shape.size(axis), index)
         return stop - start
 
-    def size(self, axis: Axis) -> int:
-        return self.shape.size(axis)
+    def sent(self, src: Layout, dst: Layout, width: int) -> float:
+        """Expected elements this rank sends to the others when a matrix moves src -> dst."""
+        shape, me, work = self.shape, self.coords, self.work
+        my_rows = self.vertex_range(src.rows)
+        my_cols = block_range(width, shape.size(src.cols), me.along(src.cols))
+        sent = 0.0
+        for tp_index in range(shape.tp_size):
+            peer = shape.coords(me.d * shape.tp_size + tp_index)
+            if peer == me or peer.along(src.rep) != me.along(src.rep):
+                continue
+            rows = _overlap(my_rows, self.vertex_range(dst.rows, peer.along(dst.rows)))
+            dst_cols = block_range(width, shape.size(dst.cols), peer.along(dst.cols))
+            sent += work.batch_size * rows / work.num_nodes * _overlap(my_cols, dst_cols)
+        return sent
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> int:
     return max(0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
-def _redistribute_sent(rank: _Rank, src: Layout, dst: Layout, width: int) -> float:
-    """Expected elements a rank sends to the others when a matrix moves from src to dst."""
-    shape, me, work = rank.shape, rank.coords, rank.work
-    my_rows = rank.vertex_range(src.rows)
-    my_cols = block_range(width, shape.size(src.cols), me.along(src.cols))
-    sent = 0.0
-    for tp_index in range(shape.tp_size):
-        peer = shape.coords(me.d * shape.tp_size + tp_index)
-        if peer == me or peer.along(src.rep) != me.along(src.rep):
-            continue
-        rows = _overlap(my_rows, rank.vertex_range(dst.rows, peer.along(dst.rows)))
-        cols = _overlap(my_cols, block_range(width, shape.size(dst.cols), peer.along(dst.cols)))
-        sent += work.batch_size * rows / work.num_nodes * cols
-    return sent
+def _group_size(shape: GridShape, group: Axis | str) -> int:
+    if group == TP_GRID:
+        return shape.tp_size
+    if group == DATA_PARALLEL:
+        return shape.dp
+    return shape.size(group)
 
 
 def step_collectives(work: Workload, shape: GridShape, rank: int) -> list[Collective]:
-    """Every collective ``rank`` runs in one training step (size-1 groups are skipped)."""
+    """Every collective ``rank`` runs in one training step (size-1 groups are skipped).
+
+    Read from the operators' cost functions through the model, the objective and the
+    DP gradient average (:mod:`dgl_scalegnn.core.cost`), at this rank's expected sizes.
+    """
     me = _Rank(work, shape, shape.coords(rank))
-    pmm = 2 if work.bf16_comm else _FLOAT
-    calls: list[Collective] = []
-
-    def reduce(axis: Axis, elements: float, element_bytes: int = _FLOAT) -> None:
-        if me.size(axis) > 1:
+    cfg = work.model_config()
+    costs = ParallelScaleGNN.cost(cfg, work.in_features, work.num_classes, me)
+    costs += Objective.loss_cost(logits_layout(work.layers), me, multilabel=False)
+    costs += average_gradients_cost(_parameter_elements(work, shape, me.coords))
+    calls = []
+    for cost in costs:
+        size = _group_size(shape, cost.group)
+        if size > 1:
+            element_bytes = 2 if cost.low_precision and work.bf16_comm else _FLOAT
             calls.append(
-                Collective(str(axis), me.size(axis), elements * element_bytes, "all_reduce")
+                Collective(str(cost.group), size, cost.elements * element_bytes, cost.operation)
             )
-
-    def linear(state: Layout, width_in: int, width_out: int, needs_dx: bool) -> None:
-        a, b, e = state.rows, state.cols, state.rep
-        reduce(b, me.rows(a) * me.cols(width_out, e), pmm)  # forward Y
-        if needs_dx:
-            reduce(e, me.rows(a) * me.cols(width_in, b), pmm)  # backward dX
-        reduce(a, me.cols(width_in, b) * me.cols(width_out, e))  # backward dW, float32
-
-    hidden = work.hidden
-    linear(INPUT_LAYOUT, work.in_features, hidden, needs_dx=False)
-    tp_size = shape.tp_size
-    for state in layer_layouts(work.layers)[: work.layers]:
-        r, c, o = state.rows, state.cols, state.rep
-        reduce(r, me.rows(o) * me.cols(hidden, c), pmm)  # SpMM forward
-        reduce(o, me.rows(r) * me.cols(hidden, c), pmm)  # SpMM backward dF
-        linear(state.after_spmm(), hidden, hidden, needs_dx=True)
-        if work.norm:
-            reduce(r, me.rows(o))  # sum of squares (forward)
-            reduce(r, me.rows(o))  # row dot products (backward)
-            reduce(o, me.cols(hidden, r))  # gain gradient
-        if work.residual and tp_size > 1:
-            after = state.after_gcn_layer()
-            for src, dst in ((state, after), (after, state)):  # forward, then backward
-                sent = _redistribute_sent(me, src, dst, hidden) * _FLOAT
-                calls.append(Collective("tp", tp_size, sent, "all_to_all"))
-    linear(layer_layouts(work.layers)[-1], hidden, work.num_classes, needs_dx=True)
-    logits = logits_layout(work.layers)
-    reduce(logits.cols, me.rows(logits.rows))  # row maximum
-    reduce(logits.cols, 2 * me.rows(logits.rows))  # sum of exponentials and target logit
-    reduce(logits.rows, 2)  # loss sum and labelled count
-    if shape.dp > 1:
-        elements = _parameter_elements(work, shape, me.coords) + 1  # + the loss
-        calls.append(Collective("dp", shape.dp, elements * _FLOAT, "all_reduce"))
     return calls
 
 

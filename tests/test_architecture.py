@@ -3,7 +3,7 @@
 Layers, lowest first; a module may import from its own layer or any lower one:
 
     config, _dgl, profiling   (base modules: no import from the package)
-    core                      axes and layouts, grid shape, the model's schedule, seeds
+    core                      axes and layouts, grid shape, the model's schedule, seeds, costs
     data                      datasets, generator, normalisation, prepared format
     distributed               launch, process groups, collectives, watchdog
     parallel                  3D PMM operators, local SpMM kernels, row partitions

@@ -80,9 +80,15 @@ def test_dgl_kernels_switch_libxsmm_off_when_they_build_a_graph():
 
     dgl.use_libxsmm(True)
     block = BlockCOO(
-        rows=torch.tensor([0, 1]), cols=torch.tensor([1, 0]), values=torch.ones(2),
-        diagonal=torch.zeros(2, dtype=torch.bool), row_scale=torch.ones(2),
-        col_scale=torch.ones(2), inv_p=1.0, num_rows=2, num_cols=2,
+        rows=torch.tensor([0, 1]),
+        cols=torch.tensor([1, 0]),
+        values=torch.ones(2),
+        diagonal=torch.zeros(2, dtype=torch.bool),
+        row_scale=torch.ones(2),
+        col_scale=torch.ones(2),
+        inv_p=1.0,
+        num_rows=2,
+        num_cols=2,
     )
     build_local_spmm(block, "dgl-weighted")
     assert not dgl.is_libxsmm_enabled()

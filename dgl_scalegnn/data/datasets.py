@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import DataConfig, SyntheticConfig
+from dgl_scalegnn.config import DATASET_NAMES, DataConfig, SyntheticConfig, registry
 from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.graph import REQUIRED_NDATA, DatasetError, NodeDataset
 from dgl_scalegnn.data.source import GraphSource, source_from_dataset
@@ -635,14 +635,18 @@ def _load_synthetic(cfg: DataConfig) -> NodeDataset:
     return generate(_synthetic_config(cfg))
 
 
-_LOADERS: dict[str, Callable[[DataConfig], NodeDataset]] = {
-    "cora": _load_planetoid,
-    "citeseer": _load_planetoid,
-    "pubmed": _load_planetoid,
-    "ogbn-arxiv": _load_ogb,
-    "ogbn-products": _load_ogb,
-    "ogbn-papers100M": _load_ogb,
-    "reddit": _load_reddit,
-    "dgl": _load_dgl_file,
-    "synthetic": _load_synthetic,
-}
+_LOADERS: dict[str, Callable[[DataConfig], NodeDataset]] = registry(
+    "data.name",
+    DATASET_NAMES,
+    {
+        "cora": _load_planetoid,
+        "citeseer": _load_planetoid,
+        "pubmed": _load_planetoid,
+        "ogbn-arxiv": _load_ogb,
+        "ogbn-products": _load_ogb,
+        "ogbn-papers100M": _load_ogb,
+        "reddit": _load_reddit,
+        "dgl": _load_dgl_file,
+        "synthetic": _load_synthetic,
+    },
+)

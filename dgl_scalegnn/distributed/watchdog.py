@@ -102,9 +102,11 @@ class Watchdog:
                     return
                 if self.store.check([_DONE.format(watched)]):
                     continue
-                value = self.store.get(f"watchdog/beat/{watched}") if self.store.check(
-                    [f"watchdog/beat/{watched}"]
-                ) else None
+                value = (
+                    self.store.get(f"watchdog/beat/{watched}")
+                    if self.store.check([f"watchdog/beat/{watched}"])
+                    else None
+                )
             except Exception as error:  # the store is unreachable: its host is gone
                 if self._stop.is_set():
                     return

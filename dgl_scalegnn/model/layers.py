@@ -23,15 +23,21 @@ import torch
 from torch import nn
 
 from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Layout, Plane
 from dgl_scalegnn.core.schedule import ParamShard
 from dgl_scalegnn.core.seeds import mix_seed
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.parallel.elementwise import LayerTail, hashed_dropout
-from dgl_scalegnn.parallel.norm import reduce_grad, sum_of_squares
+from dgl_scalegnn.parallel.norm import (
+    reduce_grad,
+    reduce_grad_cost,
+    sum_of_squares,
+    sum_of_squares_cost,
+)
 from dgl_scalegnn.parallel.partition import ShardSpec
-from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
-from dgl_scalegnn.parallel.redistribute import redistribute
+from dgl_scalegnn.parallel.products import linear_cost, parallel_linear, parallel_spmm, spmm_cost
+from dgl_scalegnn.parallel.redistribute import redistribute, redistribute_cost
 from dgl_scalegnn.parallel.spmm import LocalSpMM
 
 __all__ = [
@@ -98,6 +104,11 @@ class InputProjection(nn.Module):
                 key = mix_seed(self.seed, step, INPUT_DROPOUT_LAYER)
                 features = hashed_dropout(features, key, row_ids, col_start, cfg.input_dropout)
         return parallel_linear(features, self.weight, spec, cfg.hidden, runtime)
+
+    @staticmethod
+    def cost(cfg: ModelConfig, in_features: int, sizes: LocalSizes) -> list[CollectiveCost]:
+        """Collectives of :meth:`forward` and its backward (the features need no gradient)."""
+        return linear_cost(INPUT_LAYOUT, in_features, cfg.hidden, False, sizes)
 
 
 class GCNLayer(nn.Module):
@@ -170,6 +181,19 @@ class GCNLayer(nn.Module):
             )
         return out, out_spec
 
+    @staticmethod
+    def cost(layout: Layout, cfg: ModelConfig, sizes: LocalSizes) -> list[CollectiveCost]:
+        """Collectives of :meth:`forward` and its backward for a layer reading ``layout``."""
+        out = layout.after_gcn_layer()
+        costs = spmm_cost(layout, cfg.hidden, sizes)
+        costs += linear_cost(layout.after_spmm(), cfg.hidden, cfg.hidden, True, sizes)
+        if cfg.norm:
+            costs += sum_of_squares_cost(out, sizes)
+            costs += reduce_grad_cost(out.rows, sizes.cols(cfg.hidden, out.cols))  # the gain
+        if cfg.residual:
+            costs += redistribute_cost(layout, out, cfg.hidden, sizes)
+        return costs
+
 
 class Head(nn.Module):
     """:math:`X_{h,L} W_{out}`: logits with classes split along the output layout's columns."""
@@ -183,3 +207,10 @@ class Head(nn.Module):
 
     def forward(self, hidden: torch.Tensor, spec: ShardSpec) -> tuple[torch.Tensor, ShardSpec]:
         return parallel_linear(hidden, self.weight, spec, self.num_classes, self.runtime)
+
+    @staticmethod
+    def cost(
+        layout: Layout, hidden: int, num_classes: int, sizes: LocalSizes
+    ) -> list[CollectiveCost]:
+        """Collectives of :meth:`forward` and its backward on hidden rows in ``layout``."""
+        return linear_cost(layout, hidden, num_classes, True, sizes)

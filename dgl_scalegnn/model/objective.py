@@ -11,8 +11,16 @@ from __future__ import annotations
 
 import torch
 
+from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
+from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
-from dgl_scalegnn.parallel.losses import parallel_argmax, parallel_bce, parallel_cross_entropy
+from dgl_scalegnn.parallel.losses import (
+    bce_cost,
+    cross_entropy_cost,
+    parallel_argmax,
+    parallel_bce,
+    parallel_cross_entropy,
+)
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.full_graph import FullGraph
@@ -45,6 +53,11 @@ class Objective:
             targets = batch.labels[:, class_start:class_stop]
             return parallel_bce(logits, targets, mask, spec, self.runtime)
         return parallel_cross_entropy(logits, batch.labels, mask, spec, self.runtime)
+
+    @staticmethod
+    def loss_cost(layout: Layout, sizes: LocalSizes, multilabel: bool) -> list[CollectiveCost]:
+        """Collectives of :meth:`loss` on logits in ``layout``."""
+        return bce_cost(layout) if multilabel else cross_entropy_cost(layout, sizes)
 
     @torch.no_grad()
     def counts(

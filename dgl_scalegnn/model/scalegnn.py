@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import INPUT_LAYOUT
 from dgl_scalegnn.core.schedule import layer_layouts, parameter_shards
 from dgl_scalegnn.distributed.comm import Runtime
@@ -113,6 +114,17 @@ class ParallelScaleGNN(nn.Module):
         for layer in self.layers:
             hidden, spec = layer(hidden, spec, batch.adjacency[layer.plane], batch.step)
         return self.head(hidden, spec)
+
+    @staticmethod
+    def cost(
+        cfg: ModelConfig, in_features: int, num_classes: int, sizes: LocalSizes
+    ) -> list[CollectiveCost]:
+        """Collectives of :meth:`forward` and its backward, layer by layer."""
+        layouts = layer_layouts(cfg.layers)
+        costs = InputProjection.cost(cfg, in_features, sizes)
+        for layout in layouts[: cfg.layers]:
+            costs += GCNLayer.cost(layout, cfg, sizes)
+        return costs + Head.cost(layouts[-1], cfg.hidden, num_classes, sizes)
 
     @torch.no_grad()
     def forward_full_graph(

@@ -1,8 +1,11 @@
 """Parallel operators of a GCN layer under 3D PMM, each an autograd function
-(products.py, norm.py, redistribute.py, losses.py; dropout masks in dropout_hash.py).
+(products.py, norm.py, redistribute.py, losses.py; dropout masks in dropout_hash.py;
+the data-parallel gradient average in data_parallel.py).
 
 Every operator takes the local shard of a matrix in a :class:`Layout` ``(a, b, e)``
-and writes its forward and backward side by side. Notation: ``group(a)`` is the group
+and writes its forward and backward side by side, and beside them a ``*_cost``
+function listing the same collectives as :class:`~dgl_scalegnn.core.cost.CollectiveCost`
+values (what the performance model sums). Notation: ``group(a)`` is the group
 of ranks that differ only along grid axis ``a``.
 
 =================  ==========================  =====================================

@@ -9,11 +9,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
 from dgl_scalegnn.parallel.partition import ShardSpec
 
-__all__ = ["parallel_cross_entropy", "parallel_bce", "parallel_argmax"]
+__all__ = [
+    "parallel_cross_entropy",
+    "cross_entropy_cost",
+    "parallel_bce",
+    "bce_cost",
+    "parallel_argmax",
+]
 
 
 class _CrossEntropyFn(torch.autograd.Function):
@@ -91,6 +98,18 @@ def parallel_cross_entropy(
     return _CrossEntropyFn.apply(logits, labels, mask, runtime, spec.layout, class_start)
 
 
+def cross_entropy_cost(layout: Layout, sizes: LocalSizes) -> list[CollectiveCost]:
+    """Collectives of :func:`parallel_cross_entropy` on logits in ``layout`` ``(a, b, e)``
+    (float32, forward only): row maxima and (sum of exponentials, target logit) over
+    ``b``, then (loss sum, labelled count) over ``a``."""
+    rows = sizes.rows(layout.rows)
+    return [
+        CollectiveCost(layout.cols, rows),
+        CollectiveCost(layout.cols, 2 * rows),
+        CollectiveCost(layout.rows, 2),
+    ]
+
+
 class _BCEFn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -136,6 +155,12 @@ def parallel_bce(
     ``targets`` ``(rows, classes of part b)`` 0/1 float, ``mask`` ``(rows,)`` bool.
     """
     return _BCEFn.apply(logits, targets.to(logits.dtype), mask, runtime, spec.layout, spec.num_cols)
+
+
+def bce_cost(layout: Layout) -> list[CollectiveCost]:
+    """Collectives of :func:`parallel_bce` on logits in ``layout`` ``(a, b, e)`` (float32,
+    forward only): the local loss sum over ``b``, then (loss sum, labelled count) over ``a``."""
+    return [CollectiveCost(layout.cols, 1), CollectiveCost(layout.rows, 2)]
 
 
 @torch.no_grad()

@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
+from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Axis, Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
 from dgl_scalegnn.parallel.partition import ShardSpec
 
-__all__ = ["sum_of_squares", "reduce_grad"]
+__all__ = ["sum_of_squares", "sum_of_squares_cost", "reduce_grad", "reduce_grad_cost"]
 
 
 class _SumOfSquaresFn(torch.autograd.Function):
@@ -43,6 +44,13 @@ def sum_of_squares(x: torch.Tensor, spec: ShardSpec, runtime: Runtime) -> torch.
     return _SumOfSquaresFn.apply(x, runtime, spec.layout)
 
 
+def sum_of_squares_cost(layout: Layout, sizes: LocalSizes) -> list[CollectiveCost]:
+    """Collectives of :func:`sum_of_squares` on ``layout`` ``(a, b, e)``: one float32
+    column of the rows of ``a`` over ``b``, forward and backward."""
+    column = CollectiveCost(layout.cols, sizes.rows(layout.rows))
+    return [column, column]
+
+
 class _ReduceGradFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, runtime: Runtime, axis: Axis):
@@ -66,3 +74,9 @@ def reduce_grad(tensor: torch.Tensor, axis: Axis, runtime: Runtime) -> torch.Ten
     RMSNorm gain): each rank's gradient is a partial sum over its rows.
     """
     return _ReduceGradFn.apply(tensor, runtime, axis)
+
+
+def reduce_grad_cost(axis: Axis, elements: float) -> list[CollectiveCost]:
+    """Collective of :func:`reduce_grad` for a tensor of ``elements``: one float32
+    all-reduce over ``axis`` in backward."""
+    return [CollectiveCost(axis, elements)]

@@ -8,12 +8,13 @@ from typing import Any
 
 import torch
 
+from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce, start_all_reduce
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.parallel.spmm import LocalSpMM
 
-__all__ = ["parallel_linear", "parallel_spmm"]
+__all__ = ["parallel_linear", "linear_cost", "parallel_spmm", "spmm_cost"]
 
 
 class _LinearFn(torch.autograd.Function):
@@ -84,6 +85,28 @@ def parallel_linear(
     )
 
 
+def linear_cost(
+    layout: Layout, width_in: int, width_out: int, needs_dx: bool, sizes: LocalSizes
+) -> list[CollectiveCost]:
+    """Collectives of :func:`parallel_linear` on ``X`` in ``layout`` ``(a, b, e)``.
+
+    Forward ``Y`` over ``b`` and backward ``dX`` over ``e`` (both in the PMM precision;
+    ``dX`` only when ``needs_dx``), ``dW`` over ``a`` in float32.
+
+    >>> from dgl_scalegnn.core.cost import UniformSizes
+    >>> from dgl_scalegnn.core.layout import INPUT_LAYOUT
+    >>> [str(c) for c in linear_cost(INPUT_LAYOUT, 8, 4, False, UniformSizes(10.0, 2))]
+    ['all_reduce over z: 20 elements', 'all_reduce over x: 8 elements']
+    """
+    a, b, e = layout.rows, layout.cols, layout.rep
+    rows, cols_in, cols_out = sizes.rows(a), sizes.cols(width_in, b), sizes.cols(width_out, e)
+    costs = [CollectiveCost(b, rows * cols_out, low_precision=True)]
+    if needs_dx:
+        costs.append(CollectiveCost(e, rows * cols_in, low_precision=True))
+    costs.append(CollectiveCost(a, cols_in * cols_out))
+    return costs
+
+
 class _SpMMFn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -129,3 +152,14 @@ def parallel_spmm(
     return _SpMMFn.apply(features, adjacency, runtime, spec.layout), spec.with_layout(
         spec.layout.after_spmm()
     )
+
+
+def spmm_cost(layout: Layout, width: int, sizes: LocalSizes) -> list[CollectiveCost]:
+    """Collectives of :func:`parallel_spmm` on ``F`` in ``layout`` ``(a, b, e)``: the
+    output ``(rows of e, cols of b)`` over ``a``, then ``dF`` ``(rows of a, cols of b)``
+    over ``e``, both in the PMM precision."""
+    a, b, e = layout.rows, layout.cols, layout.rep
+    return [
+        CollectiveCost(a, sizes.rows(e) * sizes.cols(width, b), low_precision=True),
+        CollectiveCost(e, sizes.rows(a) * sizes.cols(width, b), low_precision=True),
+    ]

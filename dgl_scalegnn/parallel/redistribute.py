@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
+from dgl_scalegnn.core.cost import TP_GRID, CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_to_all
 from dgl_scalegnn.parallel.partition import ShardSpec
 
-__all__ = ["redistribute"]
+__all__ = ["redistribute", "redistribute_cost"]
 
 
 def _block_bounds(spec: ShardSpec, runtime: Runtime, rank: int) -> tuple[int, int, int, int]:
@@ -95,3 +96,16 @@ def redistribute(x: torch.Tensor, src: ShardSpec, layout: Layout, runtime: Runti
     if src.layout == layout:
         return x
     return _RedistributeFn.apply(x, src, src.with_layout(layout), runtime)
+
+
+def redistribute_cost(
+    src: Layout, dst: Layout, width: int, sizes: LocalSizes
+) -> list[CollectiveCost]:
+    """Collectives of :func:`redistribute` of a ``width``-column matrix from ``src`` to
+    ``dst``: one float32 all-to-all over the TP grid each way (none when they agree)."""
+    if src == dst:
+        return []
+    return [
+        CollectiveCost(TP_GRID, sizes.sent(src, dst, width), "all_to_all"),
+        CollectiveCost(TP_GRID, sizes.sent(dst, src, width), "all_to_all"),
+    ]

@@ -38,7 +38,7 @@ from typing import Protocol
 import torch
 
 from dgl_scalegnn._dgl import dgl, disable_libxsmm
-from dgl_scalegnn.config import CPU_ONLY_KERNELS
+from dgl_scalegnn.config import CPU_ONLY_KERNELS, SPMM_KERNELS, registry
 
 __all__ = [
     "BlockCOO",
@@ -51,7 +51,6 @@ __all__ = [
     "csr_tensor",
 ]
 
-SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
 #: Chosen by measurement (benchmarks/bench_spmm.py; see the module docstring).
 DEFAULT_KERNEL = "torch-csr"
 
@@ -226,7 +225,11 @@ class _TorchCSR:
         return self._transpose().to(grads.dtype) @ grads
 
 
-_KERNELS = {"torch-csr": _TorchCSR, "dgl-scaled": _DGLScaled, "dgl-weighted": _DGLWeighted}
+_KERNELS = registry(
+    "parallel.spmm_kernel",
+    SPMM_KERNELS,
+    {"torch-csr": _TorchCSR, "dgl-scaled": _DGLScaled, "dgl-weighted": _DGLWeighted},
+)
 
 
 def build_local_spmm(block: BlockCOO, kernel: str = "auto") -> LocalSpMM:

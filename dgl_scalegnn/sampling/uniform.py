@@ -29,6 +29,7 @@ __all__ = [
     "UniformVertexSampler",
 ]
 
+
 def sample_vertices(num_nodes: int, batch_size: int, seed: int) -> torch.Tensor:
     """Sorted ``(B,)`` int64 vertex ids drawn uniformly without replacement.
 

@@ -28,9 +28,10 @@ from dgl_scalegnn.core.schedule import steps_per_epoch
 from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
-from dgl_scalegnn.distributed.comm import Runtime, all_reduce
+from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
+from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
@@ -182,34 +183,6 @@ class Trainer:
             vertices = sample_vertices(self.num_nodes, self.cfg.sampling.batch_size, seed)
             return self.store.batch(vertices, global_step)  # CPU sample: see RankStore.batch
 
-    @staticmethod
-    def _nonfinite_flag(loss: torch.Tensor, grads: list[torch.Tensor]) -> torch.Tensor:
-        """0-dim float: 1 if this rank's loss or a gradient is NaN or infinite, else 0."""
-        # The norm of all gradients is finite exactly when every entry is (one fused pass).
-        norm = torch.nn.utils.get_total_norm(grads) if grads else loss.new_zeros(())
-        return (~(torch.isfinite(loss.detach()) & torch.isfinite(norm))).float().reshape(())
-
-    def _average_gradients(self, loss: torch.Tensor) -> torch.Tensor:
-        """Average gradients over the DP group; returns ``[mean loss, non-finite flag]``.
-
-        The loss and this rank's :meth:`_nonfinite_flag` ride in the gradient all-reduce
-        (no collective of their own): afterwards the flag is non-zero on every rank of
-        the DP group as soon as one of them saw a non-finite value.
-        """
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        status = torch.stack((loss.detach().float().reshape(()), self._nonfinite_flag(loss, grads)))
-        dp = self.grid.dp_group
-        if dp.size == 1:
-            return status
-        flat = torch.cat([g.reshape(-1) for g in grads] + [status])
-        flat = all_reduce(flat, dp, self.runtime.profiler, component="dp_allreduce")
-        flat /= dp.size
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
-        return flat[offset:].float()
-
     def train_step(self, batch: RankBatch) -> float:
         """Forward, backward, DP average and one optimizer step; returns the mean loss.
 
@@ -223,7 +196,7 @@ class Trainer:
         logits, spec = self.model(batch)
         loss = self.objective.loss(logits, spec, batch, "train")
         loss.backward()
-        status = self._average_gradients(loss)
+        status = average_gradients(list(self.model.parameters()), loss, self.runtime)
         skip = self.cfg.train.on_nonfinite == "skip"
         if skip and dist.is_initialized() and dist.get_world_size() > 1:
             # Skipping must be unanimous (a rank that stepped alone would leave its

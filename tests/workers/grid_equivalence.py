@@ -14,6 +14,7 @@ import torch
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
@@ -45,7 +46,7 @@ def main(spec_path: str) -> None:
             logits, logits_spec = model(batch)
             loss = trainer.objective.loss(logits, logits_spec, batch, "train")
             loss.backward()
-            trainer._average_gradients(loss)
+            average_gradients(list(model.parameters()), loss, runtime)
             row_start, row_stop = logits_spec.row_range(grid.coords)
             col_start, col_stop = logits_spec.col_range(grid.shape, grid.coords)
             record = {
