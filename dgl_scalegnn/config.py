@@ -163,10 +163,14 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """Adam."""
+    """Adam, at ``lr`` (``constant``) or on a cosine decay to 0 over the run's steps
+    (``cosine``), after a linear warm-up of ``warmup_steps`` (see
+    :func:`~dgl_scalegnn.core.schedule.learning_rate`)."""
 
     lr: float = 0.01
     weight_decay: float = 0.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,7 @@ _CHOICES = {
     "train.on_nonfinite": ("stop", "skip"),
     "parallel.backend": ("auto", "gloo", "nccl"),
     "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),
+    "optim.lr_schedule": ("constant", "cosine"),
 }
 
 
@@ -278,6 +283,10 @@ def _check_choices_and_ranges(cfg: Config) -> None:
             raise ConfigError(f"model.{key}: got {rate}; it must be in [0, 1)")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr: got {cfg.optim.lr}; it must be positive")
+    if cfg.optim.warmup_steps < 0:
+        raise ConfigError(
+            f"optim.warmup_steps: got {cfg.optim.warmup_steps}; give 0 (no warm-up) or more"
+        )
     if cfg.train.target_acc is not None and not 0.0 < cfg.train.target_acc <= 1.0:
         raise ConfigError(
             f"train.target_acc: got {cfg.train.target_acc}; give a fraction in (0, 1], e.g. 0.8"

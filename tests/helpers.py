@@ -27,8 +27,10 @@ def random_dataset(
     num_classes: int = 5,
     seed: int = 0,
     isolated: int = 3,
+    multilabel: bool = False,
 ) -> NodeDataset:
-    """A random directed multigraph with duplicate edges, self loops and isolated vertices."""
+    """A random directed multigraph with duplicate edges, self loops and isolated vertices
+    (``multilabel``: each vertex has each class with probability 0.4)."""
     rng = np.random.default_rng(seed)
     connected = num_nodes - isolated
     src = rng.integers(0, connected, num_edges)
@@ -37,12 +39,16 @@ def random_dataset(
     dst = np.concatenate((dst, dst[:10], [0, 1]))
     graph = dgl.graph((torch.from_numpy(src), torch.from_numpy(dst)), num_nodes=num_nodes)
     graph.ndata["feat"] = torch.from_numpy(rng.standard_normal((num_nodes, num_features))).float()
-    graph.ndata["label"] = torch.from_numpy(rng.integers(0, num_classes, num_nodes))
+    if multilabel:
+        label = torch.from_numpy(rng.random((num_nodes, num_classes)) < 0.4).float()
+    else:
+        label = torch.from_numpy(rng.integers(0, num_classes, num_nodes))
+    graph.ndata["label"] = label
     split = rng.random(num_nodes)
     graph.ndata["train_mask"] = torch.from_numpy(split < 0.6)
     graph.ndata["val_mask"] = torch.from_numpy((split >= 0.6) & (split < 0.8))
     graph.ndata["test_mask"] = torch.from_numpy(split >= 0.8)
-    return NodeDataset("random", graph, num_classes)
+    return NodeDataset("random", graph, num_classes, multilabel=multilabel)
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

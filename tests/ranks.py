@@ -70,10 +70,27 @@ def _rank_main(target: str, args: list[Any], env: dict[str, str], log_dir: str, 
 
 
 class RankGroup:
-    """Rank processes that were started together; :meth:`wait` collects their results."""
+    """Rank processes that were started together; :meth:`wait` collects their results.
+
+    Use it as a context manager: leaving the block kills every rank still alive, also
+    when the test fails midway.
+    """
 
     def __init__(self, processes: list, log_dir: Path) -> None:
         self.processes, self.log_dir = processes, log_dir
+
+    def __enter__(self) -> RankGroup:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every rank still alive (stopped ones too) and reap it."""
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
 
     def output(self, rank: int) -> str:
         path = self.log_dir / f"rank{rank}.out"
@@ -88,10 +105,7 @@ class RankGroup:
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
         timed_out = [rank for rank, p in enumerate(self.processes) if p.is_alive()]
-        for process in self.processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
+        self.kill()
         return timed_out, [(p.exitcode, self.output(r)) for r, p in enumerate(self.processes)]
 
 
@@ -142,8 +156,8 @@ def spawn_ranks(
     Unless ``expect_failure``, any non-zero exit raises AssertionError with all outputs;
     a rank still running after ``timeout`` seconds always does.
     """
-    group = start_ranks(world_size, target, args, log_dir, env=env)
-    timed_out, results = group.wait(timeout)
+    with start_ranks(world_size, target, args, log_dir, env=env) as group:
+        timed_out, results = group.wait(timeout)
     failed = timed_out or any(code != 0 for code, _ in results)
     if timed_out or (failed and not expect_failure):
         report = "\n".join(

@@ -1,4 +1,9 @@
-"""Each optimisation switch keeps the answer: same step losses on a 2x2x2 grid."""
+"""Each optimisation switch acts, and keeps the answer (Gd = 2 on a 2x2x2 TP grid).
+
+One group of ranks trains every variant from its config; the worker records what each
+switch did (:mod:`tests.workers.switch_losses`): the thread that built each batch, the
+asynchronous all-reduces in flight together, the compiled tail in each rank, and the
+dtype of every all-reduce."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ BASE = {
     "model": {"hidden": 24, "layers": 3, "dropout": 0.2},
     "sampling": {"batch_size": 600},
     "train": {"epochs": 10, "eval_every": 100, "progress": False},
-    "parallel": {"grid": "1x2x2x2"},
+    "parallel": {"grid": "2x2x2x1"},
 }
 VARIANTS = {
     "baseline": {},
@@ -63,7 +68,7 @@ def _warm_fusion_cache() -> None:
     assert tail.fused, "torch.compile failed on this machine"
 
 
-def test_switches_keep_the_step_losses(tmp_path):
+def _reports(tmp_path) -> list[dict]:
     _warm_fusion_cache()
     world = GridShape.parse(BASE["parallel"]["grid"]).world_size
     spawn_ranks(
@@ -73,18 +78,73 @@ def test_switches_keep_the_step_losses(tmp_path):
         tmp_path,
         timeout=900,
     )
-    losses = {k: np.array(v) for k, v in json.loads((tmp_path / "losses.json").read_text()).items()}
-    baseline = losses["baseline"]
-    assert len(baseline) == STEPS and np.isfinite(baseline).all()
-    for exact in ("prefetch", "overlap"):
-        assert np.array_equal(losses[exact], baseline), exact
-    # The compiled tail computes the same operations; its vectorised rsqrt rounds
-    # differently in the last bit, so losses agree to float32 rounding, not bit for bit.
-    assert np.abs(losses["fuse"] - baseline).max() <= 1e-5 * np.abs(baseline).max()
-    for low_precision in ("bf16", "all"):
-        relative = np.abs(losses[low_precision] - baseline) / np.abs(baseline)
-        assert relative.max() < 1e-2, (low_precision, relative.max())
-        assert not np.array_equal(losses[low_precision], baseline)  # bf16 really was on
+    return [json.loads((tmp_path / f"report{r}.json").read_text()) for r in range(world)]
+
+
+#: Widest parameter dimension of BASE (features 20, hidden 24, classes 8): a gradient of
+#: a weight has at most this many rows, a batch block has about 600 / 2 = 300.
+_WIDEST = 24
+
+
+def _is_pmm_product(call: dict) -> bool:
+    """An all-reduce of a 3D PMM product (X W, A F or their input gradients): a batch
+    block of rows, outside the DP group. Statistics, losses and gains are columns,
+    pairs or vectors; weight gradients have at most :data:`_WIDEST` rows."""
+    shape = call["shape"]
+    return not call["dp"] and len(shape) == 2 and shape[1] > 2 and shape[0] > _WIDEST
+
+
+def test_switches_act_and_keep_the_step_losses(tmp_path):
+    reports = _reports(tmp_path)
+    for rank, report in enumerate(reports):
+        baseline = report["baseline"]
+        losses = {name: np.array(variant["losses"]) for name, variant in report.items()}
+        assert len(losses["baseline"]) == STEPS and np.isfinite(losses["baseline"]).all()
+
+        # prefetch: every batch built by the worker thread, one step ahead (the batch
+        # after the last step was built too), and the wait for it timed
+        for name in ("prefetch", "all"):
+            threads = report[name]["build_threads"]
+            assert len(threads) == STEPS + 1, (rank, name, len(threads))
+            assert all(t.startswith("prefetch") for t in threads), (rank, name, threads)
+            assert report[name]["prefetch_wait_steps"] == STEPS, (rank, name)
+        assert baseline["build_threads"] == ["MainThread"] * STEPS
+        assert baseline["prefetch_wait_steps"] == 0
+
+        # overlap: dX and dW all-reduces of a linear in flight together
+        for name in ("overlap", "all"):
+            assert report[name]["max_in_flight"] >= 2, (rank, name)
+        assert baseline["max_in_flight"] == 0
+
+        # fusion: the tail ran compiled in this rank (not fallen back to eager)
+        assert report["fuse"]["fused"] and report["all"]["fused"], rank
+        assert not baseline["fused"]
+
+        # bf16: exactly the products' all-reduces travel as bfloat16; the norm
+        # statistics, losses, gains, weight gradients and DP gradients stay float32
+        plain, low = baseline["reduces"], report["bf16"]["reduces"]
+        assert [(c["shape"], c["dp"]) for c in low] == [(c["shape"], c["dp"]) for c in plain]
+        assert "torch.bfloat16" not in {c["dtype"] for c in plain}
+        assert any(c["dp"] for c in low), "Gd = 2 must reduce gradients over the DP group"
+        assert any(_is_pmm_product(c) for c in low)
+        for call in low:
+            if call["dtype"] in ("torch.float32", "torch.bfloat16"):
+                expected = "torch.bfloat16" if _is_pmm_product(call) else "torch.float32"
+                assert call["dtype"] == expected, (rank, call)
+
+        for exact in ("prefetch", "overlap"):
+            assert np.array_equal(losses[exact], losses["baseline"]), (rank, exact)
+        # The compiled tail computes the same operations; its vectorised rsqrt rounds
+        # differently in the last bit, so losses agree to float32 rounding, not bit for bit.
+        assert (
+            np.abs(losses["fuse"] - losses["baseline"]).max()
+            <= 1e-5 * np.abs(losses["baseline"]).max()
+        )
+        for low_precision in ("bf16", "all"):
+            relative = np.abs(losses[low_precision] - losses["baseline"]) / np.abs(
+                losses["baseline"]
+            )
+            assert relative.max() < 1e-2, (low_precision, relative.max())
 
 
 def test_prefetch_keeps_the_sequence_of_batches():

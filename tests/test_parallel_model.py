@@ -2,7 +2,9 @@
 
 N = 97, d_in = 11, hidden = 13, classes = 5 are divisible by none of the axis sizes;
 dropout is on; L = 1..4 crosses the layer-rotation period. Ranks are real processes
-talking over gloo.
+talking over gloo. The paper's model (RMSNorm, residual) runs on every grid; the GCN
+stack the shipped configs train (no norm, no residual, input dropout) and multi-label
+data (binary cross-entropy) on two grids, one with Gd = 2.
 """
 
 from __future__ import annotations
@@ -28,24 +30,52 @@ TOLERANCE = 1e-5
 GRIDS = ["1x1x1x1", "1x2x1x1", "1x1x2x1", "1x1x1x2", "1x2x2x1", "1x2x2x2", "1x1x3x2", "2x1x2x1"]
 
 
-@pytest.fixture(scope="module")
-def oracle():
-    prepared = prepare_in_memory(random_dataset(**GRAPH), permutation_seed=3)
+def _oracle(graph: dict, model: dict, layers: list[int]) -> dict:
+    prepared = prepare_in_memory(random_dataset(**graph), permutation_seed=3)
     return {
-        (L, d): reference_step(prepared, ModelConfig(layers=L, **MODEL), BATCH, d)
-        for L in LAYERS
+        (L, d): reference_step(prepared, ModelConfig(layers=L, **model), BATCH, d)
+        for L in layers
         for d in (0, 1)
     }
 
 
+@pytest.fixture(scope="module")
+def oracle():
+    return _oracle(GRAPH, MODEL, LAYERS)
+
+
 @pytest.mark.parametrize("grid", GRIDS)
 def test_grid_matches_single_process(grid, oracle, tmp_path):
+    _check_grid(grid, GRAPH, MODEL, LAYERS, oracle, tmp_path)
+
+
+#: The other models and data the engine trains, each against its own oracle.
+VARIANTS = {
+    "gcn stack, input dropout": (
+        GRAPH,
+        {"hidden": 13, "dropout": 0.3, "input_dropout": 0.2, "norm": False, "residual": False},
+    ),
+    "multi-label": ({**GRAPH, "multilabel": True}, MODEL),
+}
+
+
+@pytest.mark.parametrize("grid", ["1x2x2x2", "2x1x2x1"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_model_variants_match_single_process(grid, variant, tmp_path):
+    graph, model = VARIANTS[variant]
+    layers = [2, 3]
+    _check_grid(grid, graph, model, layers, _oracle(graph, model, layers), tmp_path)
+
+
+def _check_grid(
+    grid: str, graph: dict, model: dict, layers_list: list[int], oracle: dict, tmp_path
+) -> None:
     shape = GridShape.parse(grid)
     spec = {
         "grid": grid,
-        "layers": LAYERS,
-        "graph": GRAPH,
-        "model": MODEL,
+        "layers": layers_list,
+        "graph": graph,
+        "model": model,
         "batch_size": BATCH,
         "steps": 5,
         "out": str(tmp_path),
@@ -54,12 +84,12 @@ def test_grid_matches_single_process(grid, oracle, tmp_path):
     spec_path.write_text(json.dumps(spec))
     spawn_ranks(shape.world_size, "tests.workers.grid_equivalence:main", [str(spec_path)], tmp_path)
     worst = 0.0
-    for layers in LAYERS:
+    for layers in layers_list:
         records = [torch.load(tmp_path / f"rank{r}_L{layers}.pt") for r in range(shape.world_size)]
         for record in records:
             record["coords"] = Coords(*record["coords"])
         shards = parameter_shards(
-            ModelConfig(layers=layers, **MODEL), GRAPH["num_features"], GRAPH["num_classes"]
+            ModelConfig(layers=layers, **model), graph["num_features"], graph["num_classes"]
         )
         expected_grads = {
             name: sum(oracle[(layers, d)]["grads"][name] for d in range(shape.dp)) / shape.dp
@@ -77,6 +107,9 @@ def test_grid_matches_single_process(grid, oracle, tmp_path):
             worst = max(worst, relative_error(logits, expected["logits"]))
             for r in group:
                 assert r["loss"] == pytest.approx(expected["loss"], rel=TOLERANCE)
+                # accuracy or micro-F1 of the batch per split, from the grid's counts
+                scores = {k: hit / total for k, (hit, total) in r["counts"].items() if total}
+                assert scores == pytest.approx(expected["scores"], abs=1e-12), layers
         for name, shard in shards.items():
             slicer = lambda r, s=shard, n=name: (  # noqa: E731
                 s.local_slices(shape, r["coords"]),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dgl_scalegnn.config import ParallelConfig
 from dgl_scalegnn.core.layout import Axis
 from dgl_scalegnn.distributed.grid import CommGroup, Grid4D
 from dgl_scalegnn.profiling import Profiler
@@ -39,6 +40,11 @@ class CommOptions:
 
     bf16: bool = False
     overlap: bool = False
+
+    @classmethod
+    def from_config(cls, parallel: ParallelConfig) -> CommOptions:
+        """The switches ``parallel.bf16_comm`` and ``parallel.overlap``."""
+        return cls(bf16=parallel.bf16_comm, overlap=parallel.overlap)
 
 
 @dataclass(frozen=True)

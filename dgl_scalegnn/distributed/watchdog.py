@@ -145,10 +145,11 @@ class Watchdog:
     def await_verdict(self) -> None:
         """After a broken collective: give the watchdogs time to find the rank that left.
 
-        Ends the process with the abort record if one appears within the heartbeat
-        timeout; returns if none does (then this rank's own error is the news).
+        Ends the process with the abort record if one appears within twice the heartbeat
+        timeout (the watching rank's own thread may lag on a loaded machine); returns if
+        none does (then this rank's own error is the news).
         """
-        deadline = time.monotonic() + self.timeout + 3 * self.interval
+        deadline = time.monotonic() + 2 * self.timeout + 3 * self.interval
         while time.monotonic() < deadline:
             try:
                 if self.store.check([_ABORT]):

@@ -98,8 +98,7 @@ def start_session(parallel: ParallelConfig) -> Session:
         ).start()
     grid = Grid4D.build(shape, info.rank)
     warm_up_groups(grid, device)
-    options = CommOptions(bf16=parallel.bf16_comm, overlap=parallel.overlap)
-    runtime = Runtime(grid, options, Profiler(device=device))
+    runtime = Runtime(grid, CommOptions.from_config(parallel), Profiler(device=device))
     return Session(info, runtime, device, backend, watchdog)
 
 

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, ConfigError
-from dgl_scalegnn.core.schedule import steps_per_epoch
+from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
 from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
@@ -132,6 +132,8 @@ class Trainer:
         self.steps_per_epoch = steps_per_epoch(
             meta.num_nodes, cfg.sampling.batch_size, self.grid.shape.dp
         )
+        #: The run's planned steps (the learning-rate schedule's horizon).
+        self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.progress = _Progress()
         self._prefetcher: Prefetcher[RankBatch] | None = None
         self.checkpoints = Path(cfg.output.dir) / "checkpoints" if cfg.output.dir else None
@@ -216,6 +218,12 @@ class Trainer:
                 )
             self.metrics.write("nonfinite", step=batch.step, action="skipped")
             return mean_loss
+        optim = self.cfg.optim
+        lr = learning_rate(
+            optim.lr, batch.step, self.total_steps, optim.lr_schedule, optim.warmup_steps
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         return mean_loss
 

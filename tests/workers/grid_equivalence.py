@@ -56,6 +56,7 @@ def main(spec_path: str) -> None:
                 "logit_rows": (row_start, row_stop),
                 "logit_cols": (col_start, col_stop),
                 "loss": loss.item(),
+                "counts": trainer.objective.counts(logits.detach(), logits_spec, batch),
                 "grads": {n: p.grad.clone() for n, p in model.sharded_state_dict().items()},
             }
             trainer.optimizer.step()
