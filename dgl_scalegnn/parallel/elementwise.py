@@ -34,9 +34,18 @@ __all__ = [
     "tail_forward_blocked",
     "tail_backward_blocked",
     "LayerTail",
+    "row_blocks",
 ]
 
 _log = logging.getLogger(__name__)
+
+#: The integer type of each float type's width (to compare a float's bits).
+_SAME_WIDTH_INT = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
 
 
 def hashed_dropout(
@@ -51,7 +60,7 @@ def hashed_dropout(
     True
     """
     row_hash, col_hash = dropout_hashes(key, row_ids, col_start, x.shape[1])
-    return torch.where(dropout_keep(row_hash, col_hash, rate), x * (1.0 / (1.0 - rate)), 0.0)
+    return torch.mul(x, dropout_keep(row_hash, col_hash, rate)).mul_(1.0 / (1.0 - rate))
 
 
 def tail_forward(
@@ -63,27 +72,36 @@ def tail_forward(
     col_hash: torch.Tensor | None,
     rate: float,
     keep_mask: bool,
+    out: torch.Tensor | None = None,
+    live_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The tail's forward kernel: ``(y, live)``.
 
     ``inv_rms`` ``(rows, 1)`` and ``gain`` ``(cols,)`` are ``None`` without RMSNorm,
     ``residual`` ``None`` without the residual, ``row_hash`` ``(rows, 1)`` and
-    ``col_hash`` ``(1, cols)`` ``None`` without dropout (``rate`` 0). ``live`` (bool,
-    ``(rows, cols)``, only if ``keep_mask``) marks the elements that pass ReLU and
+    ``col_hash`` ``(1, cols)`` ``None`` without dropout (``rate`` 0). ``live`` (0/1
+    ``(rows, cols)`` bytes, only if ``keep_mask``) marks the elements that pass ReLU and
     dropout: the tail's derivative there is ``inv_rms * gain / (1 - rate)``, elsewhere 0.
+    ``out`` and ``live_out``, if given, receive ``y`` and ``live`` (no copy).
     """
     scale = 1.0 / (1.0 - rate)
     if inv_rms is not None:
         # A positive scale commutes with ReLU: fold the dropout scale into the gain.
-        z = x * inv_rms
+        z = torch.mul(x, inv_rms, out=out)
         z.mul_(gain * scale).relu_()
     else:
-        z = torch.relu(x)
+        z = torch.clamp_min(x, 0.0, out=out)
         if rate > 0:
             z.mul_(scale)
     if rate > 0:
         z.mul_(dropout_keep(row_hash, col_hash, rate))
-    live = z > 0 if keep_mask else None
+    live = None
+    if live_out is not None:
+        # z >= 0 here: its bits as an integer are > 0 exactly where z > 0 (+0.0 is 0,
+        # -0.0 negative), and an integer comparison into bytes is the fast one on CPU
+        live = torch.gt(z.view(_SAME_WIDTH_INT[z.dtype]), 0, out=live_out)
+    elif keep_mask:
+        live = (z > 0).to(torch.uint8)
     if residual is not None:
         z = z.add_(residual)
     return z, live
@@ -97,6 +115,7 @@ def tail_backward(
     gain: torch.Tensor | None,
     rate: float,
     width: int,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The tail's backward kernel: gradients of ``x``, the square sums and the gain.
 
@@ -105,9 +124,10 @@ def tail_backward(
     :math:`\\partial \\gamma = \\sum_{rows} g' n` and
     :math:`\\partial s = -\\frac{r^3}{2d} \\sum_{cols} g' \\gamma x` (``None`` for the
     last two without RMSNorm). The column and row sums are matrix-vector products.
+    ``out``, if given, receives the gradient of ``x``.
     """
     scale = 1.0 / (1.0 - rate)
-    masked = grad * live
+    masked = torch.mul(grad, live, out=out)  # live: 0/1 bytes
     if inv_rms is None:
         return (masked.mul_(scale) if rate > 0 else masked), None, None
     gx = masked * x
@@ -122,7 +142,8 @@ def tail_backward(
 _BLOCK_ELEMENTS = 1 << 20
 
 
-def _row_blocks(x: torch.Tensor) -> list[slice]:
+def row_blocks(x: torch.Tensor) -> list[slice]:
+    """Slices of rows of about :data:`_BLOCK_ELEMENTS` elements each (for eager kernels)."""
     step = max(1, _BLOCK_ELEMENTS // max(1, x.shape[1]))
     return [slice(start, start + step) for start in range(0, x.shape[0], step)]
 
@@ -142,13 +163,13 @@ def tail_forward_blocked(
     keep_mask: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`tail_forward` block of rows by block of rows (the eager kernel)."""
-    blocks = _row_blocks(x)
+    blocks = row_blocks(x)
     if len(blocks) == 1:
         return tail_forward(x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask)
     y = torch.empty_like(x)
-    live = torch.empty_like(x, dtype=torch.bool) if keep_mask else None
-    for rows in blocks:
-        y[rows], live_rows = tail_forward(
+    live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
+    for rows in blocks:  # each block is written in place into its rows of y and live
+        tail_forward(
             x[rows],
             _rows(inv_rms, rows),
             gain,
@@ -157,9 +178,9 @@ def tail_forward_blocked(
             col_hash,
             rate,
             keep_mask,
+            out=y[rows],
+            live_out=_rows(live, rows),
         )
-        if live is not None:
-            live[rows] = live_rows
     return y, live
 
 
@@ -173,15 +194,22 @@ def tail_backward_blocked(
     width: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """:func:`tail_backward` block of rows by block of rows (the eager kernel)."""
-    blocks = _row_blocks(grad)
+    blocks = row_blocks(grad)
     if len(blocks) == 1:
         return tail_backward(grad, live, x, inv_rms, gain, rate, width)
     grad_x = torch.empty_like(grad)
     grad_square_sum = None if inv_rms is None else torch.empty_like(inv_rms)
     grad_gain = None
-    for rows in blocks:
-        grad_x[rows], grad_square_sum_rows, grad_gain_rows = tail_backward(
-            grad[rows], live[rows], _rows(x, rows), _rows(inv_rms, rows), gain, rate, width
+    for rows in blocks:  # each block's gradient is written in place into grad_x
+        _, grad_square_sum_rows, grad_gain_rows = tail_backward(
+            grad[rows],
+            live[rows],
+            _rows(x, rows),
+            _rows(inv_rms, rows),
+            gain,
+            rate,
+            width,
+            out=grad_x[rows],
         )
         if grad_square_sum is not None:
             grad_square_sum[rows] = grad_square_sum_rows

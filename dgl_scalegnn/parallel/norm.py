@@ -11,6 +11,7 @@ import torch
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Axis, Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
+from dgl_scalegnn.parallel.elementwise import row_blocks
 from dgl_scalegnn.parallel.partition import ShardSpec
 
 __all__ = ["sum_of_squares", "sum_of_squares_cost", "reduce_grad", "reduce_grad_cost"]
@@ -22,7 +23,11 @@ class _SumOfSquaresFn(torch.autograd.Function):
         ctx.save_for_backward(x)
         ctx.runtime, ctx.layout = runtime, layout
         with runtime.profiler.region("elementwise"):
-            square_sum = (x * x).sum(dim=1, keepdim=True)
+            # block by block: the squares stay in cache instead of a whole-matrix temporary
+            square_sum = x.new_empty(x.shape[0], 1)
+            for rows in row_blocks(x):
+                block = x[rows]
+                torch.sum(block * block, dim=1, keepdim=True, out=square_sum[rows])
         # Statistics stay float32 even when PMM traffic is bfloat16.
         return all_reduce(square_sum, runtime.grid.group(layout.cols), runtime.profiler)
 
@@ -32,7 +37,8 @@ class _SumOfSquaresFn(torch.autograd.Function):
         runtime = ctx.runtime
         # Every rank of the group used the sum with its own columns: add their gradients.
         grad = all_reduce(grad.contiguous(), runtime.grid.group(ctx.layout.cols), runtime.profiler)
-        return 2.0 * x * grad, None, None
+        with runtime.profiler.region("elementwise"):
+            return x * (2.0 * grad), None, None  # one pass over x
 
 
 def sum_of_squares(x: torch.Tensor, spec: ShardSpec, runtime: Runtime) -> torch.Tensor:
