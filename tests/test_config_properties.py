@@ -51,14 +51,60 @@ KEYS = st.sampled_from(
 )
 
 
+#: Real keys with values of their type and range (most of the time), so that many drawn
+#: mappings are accepted and the values can be checked.
+VALID = {
+    "model.hidden": st.integers(1, 256),
+    "model.layers": st.integers(1, 4),
+    "model.dropout": st.floats(0, 0.9),
+    "model.input_dropout": st.floats(0, 0.9),
+    "model.norm": st.booleans(),
+    "model.residual": st.booleans(),
+    "sampling.batch_size": st.integers(1, 10**6),
+    "sampling.seed": st.integers(0, 100),
+    "sampling.prefetch": st.booleans(),
+    "train.epochs": st.integers(1, 100),
+    "train.eval_every": st.integers(1, 10),
+    "train.target_acc": st.floats(0.01, 1),
+    "train.max_steps": st.integers(1, 100),
+    "parallel.grid": st.sampled_from(["1x1x1x1", "1x2x2x2", "2x1x1x1"]),
+    "parallel.overlap": st.booleans(),
+    "parallel.bf16_comm": st.booleans(),
+    "parallel.fuse": st.booleans(),
+    "parallel.spmm_kernel": st.sampled_from(["auto", "torch-csr", "dgl-scaled"]),
+    "parallel.timeout_s": st.floats(1, 600),
+    "optim.lr": st.floats(1e-4, 1),
+    "optim.weight_decay": st.floats(0, 0.1),
+    "optim.lr_schedule": st.sampled_from(["constant", "cosine"]),
+    "optim.warmup_steps": st.integers(0, 10),
+}
+ENTRIES = st.sampled_from(sorted(VALID)).flatmap(
+    lambda dotted: st.tuples(
+        *map(st.just, dotted.split(".")),
+        st.one_of(VALID[dotted], VALID[dotted], VALID[dotted], SCALARS),
+    )
+)
+
+
+def _nest(entries: list[tuple[str, str, object]]) -> dict:
+    mapping: dict = {}
+    for section, key, value in entries:
+        mapping.setdefault(section, {})[key] = value
+    return mapping
+
+
 @settings(
     max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(
-    st.dictionaries(
-        st.sampled_from([*SECTIONS, "extra"]),
-        st.dictionaries(KEYS, SCALARS, max_size=3),
-        max_size=4,
+    st.one_of(
+        st.dictionaries(
+            st.sampled_from([*SECTIONS, "extra"]),
+            st.dictionaries(KEYS, SCALARS, max_size=3),
+            max_size=4,
+        ),
+        st.lists(ENTRIES, max_size=4).map(_nest),
+        st.lists(ENTRIES, max_size=4).map(_nest),
     )
 )
 def test_any_mapping_is_accepted_or_refused_naming_a_key(mapping):
@@ -72,7 +118,7 @@ def test_any_mapping_is_accepted_or_refused_naming_a_key(mapping):
         unknown_section = "extra" in mapping and "extra" in message
         assert unknown_section or any(key in message for key in named), message
         return
-    event("accepted")
+    event("accepted, with values" if any(mapping.values()) else "accepted, empty")
     for section, values in mapping.items():  # accepted: every value is the one given
         for key, value in values.items():
             assert getattr(getattr(cfg, section), key) == value, (section, key, value)
