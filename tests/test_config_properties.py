@@ -60,7 +60,7 @@ VALID = {
     "model.input_dropout": st.floats(0, 0.9),
     "model.norm": st.booleans(),
     "model.residual": st.booleans(),
-    "sampling.batch_size": st.integers(1, 10**6),
+    "sampling.batch_size": st.integers(2, 10**6),
     "sampling.seed": st.integers(0, 100),
     "sampling.prefetch": st.booleans(),
     "train.epochs": st.integers(1, 100),
@@ -81,7 +81,9 @@ VALID = {
 ENTRIES = st.sampled_from(sorted(VALID)).flatmap(
     lambda dotted: st.tuples(
         *map(st.just, dotted.split(".")),
-        st.one_of(VALID[dotted], VALID[dotted], VALID[dotted], SCALARS),
+        st.sampled_from([True] * 7 + [False]).flatmap(
+            lambda valid: VALID[dotted] if valid else SCALARS
+        ),
     )
 )
 
