@@ -99,17 +99,25 @@ def _nest(entries: list[tuple[str, str, object]]) -> dict:
     max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(
-    st.one_of(
-        st.dictionaries(
-            st.sampled_from([*SECTIONS, "extra"]),
-            st.dictionaries(KEYS, SCALARS, max_size=3),
-            max_size=4,
-        ),
-        st.lists(ENTRIES, max_size=4).map(_nest),
-        st.lists(ENTRIES, max_size=4).map(_nest),
+    st.dictionaries(
+        st.sampled_from([*SECTIONS, "extra"]),
+        st.dictionaries(KEYS, SCALARS, max_size=3),
+        max_size=4,
     )
 )
 def test_any_mapping_is_accepted_or_refused_naming_a_key(mapping):
+    _accepted_or_refused(mapping)
+
+
+@settings(
+    max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(st.lists(ENTRIES, max_size=4).map(_nest))
+def test_real_keys_are_accepted_with_their_values_or_refused_naming_the_key(mapping):
+    _accepted_or_refused(mapping)
+
+
+def _accepted_or_refused(mapping: dict) -> None:
     try:
         cfg = config_from_mapping(mapping)
     except ConfigError as error:
