@@ -53,14 +53,6 @@ def dropout_hashes(
     return row_hash, col_hash
 
 
-def _mixed_and_threshold(
-    row_hash: torch.Tensor, col_hash: torch.Tensor, rate: float
-) -> tuple[torch.Tensor, int]:
-    threshold = min(int(rate * (1 << 32)) - (1 << 31), (1 << 31) - 1)
-    mixed = row_hash ^ col_hash
-    return mixed.mul_(_MIX), threshold  # in place: one int32 buffer per mask
-
-
 def dropout_keep(row_hash: torch.Tensor, col_hash: torch.Tensor, rate: float) -> torch.Tensor:
     """Keep-mask from :func:`dropout_hashes` as bytes (1 keep, 0 drop): one multiply per
     element mixes the pair.

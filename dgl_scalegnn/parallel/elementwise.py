@@ -163,12 +163,9 @@ def tail_forward_blocked(
     keep_mask: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`tail_forward` block of rows by block of rows (the eager kernel)."""
-    blocks = row_blocks(x)
-    if len(blocks) == 1:
-        return tail_forward(x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask)
     y = torch.empty_like(x)
     live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
-    for rows in blocks:  # each block is written in place into its rows of y and live
+    for rows in row_blocks(x):  # each block is written in place into its rows of y and live
         tail_forward(
             x[rows],
             _rows(inv_rms, rows),
@@ -194,13 +191,10 @@ def tail_backward_blocked(
     width: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """:func:`tail_backward` block of rows by block of rows (the eager kernel)."""
-    blocks = row_blocks(grad)
-    if len(blocks) == 1:
-        return tail_backward(grad, live, x, inv_rms, gain, rate, width)
     grad_x = torch.empty_like(grad)
     grad_square_sum = None if inv_rms is None else torch.empty_like(inv_rms)
     grad_gain = None
-    for rows in blocks:  # each block's gradient is written in place into grad_x
+    for rows in row_blocks(grad):  # each block's gradient is written in place into grad_x
         _, grad_square_sum_rows, grad_gain_rows = tail_backward(
             grad[rows],
             live[rows],
