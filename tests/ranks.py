@@ -39,10 +39,18 @@ def _forkserver():
     return _context
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def reserve_port() -> socket.socket:
+    """A socket bound (not listening) to a free loopback port, with SO_REUSEADDR.
+
+    While it stays open the kernel gives that port to no other bind or outgoing
+    connection, yet rank 0's TCPStore (which sets SO_REUSEADDR too) can still listen
+    on it: no window in which another process takes the port. Close it when the ranks
+    are done.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
 
 def _rank_main(target: str, args: list[Any], env: dict[str, str], log_dir: str, rank: int) -> None:
@@ -76,8 +84,8 @@ class RankGroup:
     when the test fails midway.
     """
 
-    def __init__(self, processes: list, log_dir: Path) -> None:
-        self.processes, self.log_dir = processes, log_dir
+    def __init__(self, processes: list, log_dir: Path, port: socket.socket) -> None:
+        self.processes, self.log_dir, self.port = processes, log_dir, port
 
     def __enter__(self) -> RankGroup:
         return self
@@ -86,11 +94,12 @@ class RankGroup:
         self.kill()
 
     def kill(self) -> None:
-        """SIGKILL every rank still alive (stopped ones too) and reap it."""
+        """SIGKILL every rank still alive (stopped ones too), reap it, free the port."""
         for process in self.processes:
             if process.is_alive():
                 process.kill()
                 process.join()
+        self.port.close()
 
     def output(self, rank: int) -> str:
         path = self.log_dir / f"rank{rank}.out"
@@ -119,7 +128,8 @@ def start_ranks(
 ) -> RankGroup:
     """Start ``module:function(*args)`` on ``world_size`` ranks (torchrun's environment)."""
     context = _forkserver()
-    port = str(free_port())
+    reserved = reserve_port()
+    port = str(reserved.getsockname()[1])
     log_path = Path(log_dir)
     log_path.mkdir(parents=True, exist_ok=True)
     processes = []
@@ -138,7 +148,7 @@ def start_ranks(
         )
         process.start()
         processes.append(process)
-    return RankGroup(processes, log_path)
+    return RankGroup(processes, log_path, reserved)
 
 
 def spawn_ranks(

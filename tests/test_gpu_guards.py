@@ -18,7 +18,6 @@ import torch.distributed as dist
 from dgl_scalegnn.config import CPU_ONLY_KERNELS, ConfigError, config_from_mapping
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.distributed import bootstrap
 from dgl_scalegnn.distributed.bootstrap import LaunchInfo, device_for, init_distributed
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
@@ -290,7 +289,6 @@ def test_process_group_is_bound_to_the_device(monkeypatch):
     started = {}
     monkeypatch.setattr(dist, "TCPStore", lambda *args, **kwargs: "store")
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: started.update(kwargs))
-    monkeypatch.setattr(bootstrap, "_share_rendezvous_over_mpi", lambda: None)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     info = LaunchInfo(rank=1, world_size=2, local_rank=1, launcher="torchrun")

@@ -61,3 +61,21 @@ def test_launcher_runs_the_grid_and_matches_one_process(tmp_path, script, np_, g
     losses = [e["loss"] for e in events if e["event"] == "step"]
     assert losses == pytest.approx(_single_process_losses(tmp_path), rel=1e-4)
     assert events[-1]["event"] == "summary"
+
+
+def test_a_reserved_port_is_given_to_nobody_else_yet_the_store_can_listen_on_it():
+    """The ranks' rendezvous port is held from choice to use (no free-port race)."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    from tests.ranks import reserve_port
+
+    with reserve_port() as held:
+        port = held.getsockname()[1]
+        with socket.socket() as other, pytest.raises(OSError, match="in use"):
+            other.bind(("127.0.0.1", port))  # what a process picking "free" ports would do
+        store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=datetime.timedelta(5))
+        store.set("rendezvous", "open")
+        assert store.get("rendezvous") == b"open"

@@ -15,7 +15,7 @@ import yaml
 from dgl_scalegnn.distributed.bootstrap import LaunchInfo, detect_launch
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.helpers import ROOT
-from tests.ranks import free_port
+from tests.ranks import reserve_port
 
 _LAUNCH_VARIABLES = (
     "RANK",
@@ -93,32 +93,33 @@ def test_srun_script_trains_the_grid_through_the_slurm_branch(tmp_path, clean_la
         )
     )
     metrics = tmp_path / "metrics.jsonl"
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES},
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "SLURM_NTASKS": "2",
-        "SLURM_NTASKS_PER_NODE": "2",
-        "SLURM_JOB_NODELIST": "node[001]",
-        "SLURM_CPUS_PER_TASK": "1",
-        "SCALEGNN_ROOT": str(ROOT),
-        "MASTER_PORT": str(free_port()),
-        "SRUN_ARGS_FILE": str(tmp_path / "srun_args"),
-    }
-    script = ROOT / "launch" / "srun.sh"
-    process = subprocess.Popen(
-        ["bash", str(script), "1x1x1x2", str(config), "--metrics", str(metrics)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=240)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    with reserve_port() as port:  # held until the job is over
+        env = {
+            **{k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES},
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "SLURM_NTASKS": "2",
+            "SLURM_NTASKS_PER_NODE": "2",
+            "SLURM_JOB_NODELIST": "node[001]",
+            "SLURM_CPUS_PER_TASK": "1",
+            "SCALEGNN_ROOT": str(ROOT),
+            "MASTER_PORT": str(port.getsockname()[1]),
+            "SRUN_ARGS_FILE": str(tmp_path / "srun_args"),
+        }
+        script = ROOT / "launch" / "srun.sh"
+        process = subprocess.Popen(
+            ["bash", str(script), "1x1x1x2", str(config), "--metrics", str(metrics)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            output, _ = process.communicate(timeout=240)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
     assert process.returncode == 0, output[-3000:]
     srun_args = (tmp_path / "srun_args").read_text().split("\n")
     assert "--gpus-per-task=1" in srun_args and "--ntasks-per-node=2" in srun_args

@@ -3,7 +3,8 @@
 Ranks come from MPI (mpi4py) when launched by ``mpirun``, from Slurm's variables under
 ``srun``, from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...), or
 the process is alone. Under MPI (and under ``srun`` without ``MASTER_ADDR``), rank 0
-picks the rendezvous address and a free port and broadcasts them with mpi4py;
+hosts the rendezvous store on a port the kernel picks and broadcasts its address with
+mpi4py;
 torch.distributed then carries all the data. The backend is NCCL on
 CUDA and gloo on CPU, from one code path.
 
@@ -102,23 +103,30 @@ def device_for(info: LaunchInfo, backend: str) -> torch.device:
     return device
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
-def _share_rendezvous_over_mpi() -> None:
-    """Rank 0's address and a free port, broadcast to every rank (unless already set)."""
+def _store_over_mpi(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store under MPI: rank 0 hosts it, on ``MASTER_PORT`` or on a port
+    the kernel picks while binding (no window in which another process can take it), and
+    broadcasts its address and port with mpi4py; the other ranks connect to it."""
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    proposal = None
-    if comm.Get_rank() == 0:
+    store, endpoint = None, None
+    if rank == 0:
         address = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
-        proposal = (address, os.environ.get("MASTER_PORT") or str(_free_port()))
-    address, port = comm.bcast(proposal, root=0)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, port
+        store = dist.TCPStore(
+            address,
+            int(os.environ.get("MASTER_PORT", "0")),
+            world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        endpoint = (address, store.port)
+    address, port = comm.bcast(endpoint, root=0)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
+    if store is None:
+        store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
+    return store
 
 
 def init_distributed(
@@ -134,24 +142,26 @@ def init_distributed(
     """
     if info.world_size == 1 or dist.is_initialized():
         return None
-    if info.launcher == "mpi" or (info.launcher == "slurm" and "MASTER_ADDR" not in os.environ):
-        _share_rendezvous_over_mpi()
-    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
-    if missing:
-        raise RuntimeError(
-            f"{' and '.join(missing)} not set for a {info.world_size}-process {info.launcher} "
-            "launch; export them (launch/srun.sh does) or launch with mpirun"
-        )
     timeout = datetime.timedelta(seconds=timeout_s)
-    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    hosts_store = info.rank == 0 and not agent_hosts_store
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        info.world_size,
-        is_master=hosts_store,
-        timeout=timeout,
-    )
+    if info.launcher == "mpi" or (info.launcher == "slurm" and "MASTER_ADDR" not in os.environ):
+        store, hosts_store = _store_over_mpi(info.rank, info.world_size, timeout), info.rank == 0
+    else:
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+        if missing:
+            raise RuntimeError(
+                f"{' and '.join(missing)} not set for a {info.world_size}-process "
+                f"{info.launcher} launch; export them (launch/srun.sh does) or launch with "
+                "mpirun"
+            )
+        agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        hosts_store = info.rank == 0 and not agent_hosts_store
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            info.world_size,
+            is_master=hosts_store,
+            timeout=timeout,
+        )
     dist.init_process_group(
         backend=backend,
         store=store,
