@@ -31,8 +31,8 @@ memory per rank, and the ratios the paper claims (>= 1.4x faster to target than 
 fastest peer at the same process count; >= 20x faster evaluation than neighbour-sampled
 evaluation).
 
-Quick mode (``SCALEGNN_BENCH_QUICK=1``, the default): 30 s of training per final run
-and 4 evaluations (peers at 3.75, 7.5, 15 and 30 s, one per doubling), 7.5 s (ours: 6
+Quick mode (``SCALEGNN_BENCH_QUICK=1``, the default): 24 s of training per final run
+and 3 evaluations (peers at 6, 12 and 24 s, one per doubling), 6 s (ours: 6
 steps at N/10, more at smaller B) per sweep setting, two settings per peer sweep and
 dgl_scalegnn's full-mode choice (B = N/40, no dropout) alone (read at their end), one
 seed; the run time is in ``bench_scale.md``. Full mode: 240 s and 10
@@ -179,7 +179,7 @@ class Plan:
 def plan(quick: bool | None = None) -> Plan:
     """The plan of quick or full mode, with the environment's overrides."""
     quick = quick_mode() if quick is None else quick
-    budget = float(os.environ.get("SCALEGNN_BENCH_SCALE_BUDGET", 30 if quick else 240))
+    budget = float(os.environ.get("SCALEGNN_BENCH_SCALE_BUDGET", 24 if quick else 240))
     graphs = os.environ.get("SCALEGNN_BENCH_SCALE_GRAPHS", ",".join(scale_presets.PRESETS))
     names = tuple(name.strip() for name in graphs.split(",") if name.strip())
     for name in names:
@@ -189,7 +189,7 @@ def plan(quick: bool | None = None) -> Plan:
         budget_s=budget,
         sweep_budget_s=budget / 4,
         sweep_steps=6 if quick else 20,
-        eval_rounds=4 if quick else 10,
+        eval_rounds=3 if quick else 10,
         evals_per_doubling=1 if quick else 2,
         seeds=(0,) if quick else (0, 1, 2),
         graphs=names,
@@ -541,7 +541,8 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
             # at least one step per evaluation: a warm-up longer than the budget
             # (8 ranks, small graphs) still leaves a curve
             max_steps = max(p.eval_rounds, 1 + round(rest / probe["steady_step_s"]))
-            every = max(1, max_steps // p.eval_rounds)
+            # ceil: the last step's evaluation is the last round, not one more
+            every = max(1, -(-max_steps // p.eval_rounds))
             result = run_ours(
                 graph, p, ours["settings"], seed, processes, max_steps, every, log_dir
             )
