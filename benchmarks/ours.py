@@ -34,6 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "batch_size": 4096,
     "lr": 0.01,
     "weight_decay": 0.0,
+    "lr_schedule": "constant",
+    "epochs": None,  # the cosine schedule's horizon: the epochs the comparison runs
 }
 
 
@@ -51,8 +53,13 @@ class ScaleGNNPeer:
                     "batch_size": min(settings["batch_size"], dataset.num_nodes),
                     "seed": seed,
                 },
-                "train": {"seed": seed, "progress": False},
-                "optim": {"lr": settings["lr"], "weight_decay": settings["weight_decay"]},
+                "train": {"seed": seed, "progress": False}
+                | ({"epochs": settings["epochs"]} if settings["epochs"] else {}),
+                "optim": {
+                    "lr": settings["lr"],
+                    "weight_decay": settings["weight_decay"],
+                    "lr_schedule": settings["lr_schedule"],
+                },
             }
         )
         graph = prepare_in_memory(dataset, permutation_seed=0)
