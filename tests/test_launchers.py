@@ -79,3 +79,19 @@ def test_a_reserved_port_is_given_to_nobody_else_yet_the_store_can_listen_on_it(
         store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, timeout=datetime.timedelta(5))
         store.set("rendezvous", "open")
         assert store.get("rendezvous") == b"open"
+
+
+def test_ranks_left_running_are_killed_when_the_test_fails_midway(tmp_path):
+    """A failing test leaves no rank behind (stopped ones included), nor its port."""
+    import signal
+
+    from tests.ranks import start_ranks
+
+    with (
+        pytest.raises(RuntimeError, match="midway"),
+        start_ranks(2, "time:sleep", [600], tmp_path) as group,
+    ):
+        os.kill(group.processes[1].pid, signal.SIGSTOP)
+        raise RuntimeError("the test failed midway")
+    assert not any(process.is_alive() for process in group.processes)
+    assert group.port.fileno() == -1  # closed

@@ -143,6 +143,7 @@ def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]
             world_size=info.world_size,
             launcher=info.launcher,
             backend=backend,
+            threads=torch.get_num_threads(),  # intra-op threads of each rank
             versions=versions(),
         )
         try:
