@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -541,8 +542,8 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
             # at least one step per evaluation: a warm-up longer than the budget
             # (8 ranks, small graphs) still leaves a curve
             max_steps = max(p.eval_rounds, 1 + round(rest / probe["steady_step_s"]))
-            # ceil: the last step's evaluation is the last round, not one more
-            every = max(1, -(-max_steps // p.eval_rounds))
+            # rounded up: the last step's evaluation is the last round, not one more
+            every = max(1, math.ceil(max_steps / p.eval_rounds))
             result = run_ours(
                 graph, p, ours["settings"], seed, processes, max_steps, every, log_dir
             )

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from benchmarks.baselines import training
-from dgl_scalegnn.config import config_from_mapping
+from dgl_scalegnn.config import TrainConfig, config_from_mapping
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.comm import Runtime
@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "lr": 0.01,
     "weight_decay": 0.0,
     "lr_schedule": "constant",
-    "epochs": None,  # the cosine schedule's horizon: the epochs the comparison runs
+    "epochs": TrainConfig.epochs,  # the cosine schedule's horizon: set it to the epochs run
 }
 
 
@@ -53,8 +53,7 @@ class ScaleGNNPeer:
                     "batch_size": min(settings["batch_size"], dataset.num_nodes),
                     "seed": seed,
                 },
-                "train": {"seed": seed, "progress": False}
-                | ({"epochs": settings["epochs"]} if settings["epochs"] else {}),
+                "train": {"seed": seed, "progress": False, "epochs": settings["epochs"]},
                 "optim": {
                     "lr": settings["lr"],
                     "weight_decay": settings["weight_decay"],

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import signal
+import socket
 import subprocess
 
 import pytest
+import torch.distributed as dist
 
 import yaml
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.helpers import ROOT
-from tests.ranks import spawn_ranks
+from tests.ranks import reserve_port, spawn_ranks, start_ranks
 
 CONFIG = {
     "data": {"name": "synthetic", "synthetic": {"num_nodes": 1500, "num_features": 16}},
@@ -65,13 +69,6 @@ def test_launcher_runs_the_grid_and_matches_one_process(tmp_path, script, np_, g
 
 def test_a_reserved_port_is_given_to_nobody_else_yet_the_store_can_listen_on_it():
     """The ranks' rendezvous port is held from choice to use (no free-port race)."""
-    import datetime
-    import socket
-
-    import torch.distributed as dist
-
-    from tests.ranks import reserve_port
-
     with reserve_port() as held:
         port = held.getsockname()[1]
         with socket.socket() as other, pytest.raises(OSError, match="in use"):
@@ -83,10 +80,6 @@ def test_a_reserved_port_is_given_to_nobody_else_yet_the_store_can_listen_on_it(
 
 def test_ranks_left_running_are_killed_when_the_test_fails_midway(tmp_path):
     """A failing test leaves no rank behind (stopped ones included), nor its port."""
-    import signal
-
-    from tests.ranks import start_ranks
-
     with (
         pytest.raises(RuntimeError, match="midway"),
         start_ranks(2, "time:sleep", [600], tmp_path) as group,
