@@ -107,7 +107,15 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """ScaleGNN model: input projection, ``layers`` GCN layers, output head."""
+    """ScaleGNN model: input projection, ``layers`` GCN layers, output head.
+
+    ``input_projection`` and ``head`` are the paper's form when true. Without the input
+    projection the first GCN layer reads the features; without the head the last GCN
+    layer maps to the classes, with no norm, ReLU, dropout or residual after it. Both
+    false with ``norm`` and ``residual`` false is Kipf & Welling's GCN (DGL's GraphConv
+    stack, without biases). A residual joins only layers whose input and output widths
+    agree.
+    """
 
     hidden: int = 128
     layers: int = 3
@@ -115,6 +123,8 @@ class ModelConfig:
     input_dropout: float = 0.0
     norm: bool = True
     residual: bool = True
+    input_projection: bool = True
+    head: bool = True
     rms_eps: float = 1e-6
 
 
@@ -271,6 +281,13 @@ def _check_choices_and_ranges(cfg: Config) -> None:
     check_kernel_backend(cfg.parallel.spmm_kernel, cfg.parallel.backend)
     positive("model.hidden", cfg.model.hidden)
     positive("model.layers", cfg.model.layers, 0)
+    if cfg.model.layers == 0 and not (cfg.model.head and cfg.model.input_projection):
+        switch = "input_projection" if cfg.model.head else "head"
+        raise ConfigError(
+            f"model.layers: got 0, but model.{switch}: false "
+            "needs a GCN layer (to read the features or to output the classes); give at "
+            "least one layer or turn it back on"
+        )
     positive("sampling.batch_size", cfg.sampling.batch_size, 2)
     positive("train.epochs", cfg.train.epochs)
     positive("train.eval_every", cfg.train.eval_every)

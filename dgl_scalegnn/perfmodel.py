@@ -33,6 +33,7 @@ from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, block_range
 from dgl_scalegnn.core.schedule import (
     adjacency_planes,
     layer_layouts,
+    layer_widths,
     logits_layout,
     parameter_shards,
     steps_per_epoch,
@@ -68,11 +69,18 @@ class Workload:
     layers: int
     norm: bool = True
     residual: bool = True
+    input_projection: bool = True
+    head: bool = True
     bf16_comm: bool = False
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(
-            hidden=self.hidden, layers=self.layers, norm=self.norm, residual=self.residual
+            hidden=self.hidden,
+            layers=self.layers,
+            norm=self.norm,
+            residual=self.residual,
+            input_projection=self.input_projection,
+            head=self.head,
         )
 
     @property
@@ -168,7 +176,7 @@ def step_collectives(work: Workload, shape: GridShape, rank: int) -> list[Collec
     me = _Rank(work, shape, shape.coords(rank))
     cfg = work.model_config()
     costs = ParallelScaleGNN.cost(cfg, work.in_features, work.num_classes, me)
-    costs += Objective.loss_cost(logits_layout(work.layers), me, multilabel=False)
+    costs += Objective.loss_cost(logits_layout(work.layers, work.head), me, multilabel=False)
     costs += average_gradients_cost(_parameter_elements(work, shape, me.coords))
     calls = []
     for cost in costs:
@@ -215,22 +223,25 @@ def step_time(
         seconds[component] += _collective_seconds(call, hardware)
     hidden = work.hidden
     states = layer_layouts(work.layers)
-    gemms = [(INPUT_LAYOUT, work.in_features, hidden, 2)]
-    gemms += [(s.after_spmm(), hidden, hidden, 3) for s in states[: work.layers]]
-    gemms.append((states[-1], hidden, work.num_classes, 3))
+    widths = layer_widths(work.model_config(), work.in_features, work.num_classes)
+    gemms = [(INPUT_LAYOUT, work.in_features, hidden, 2)] if work.input_projection else []
+    gemms += [(s.after_spmm(), w.width_in, w.width_out, 3) for s, w in zip(states, widths)]
+    if work.head:
+        gemms.append((states[-1], hidden, work.num_classes, 3))
     for state, width_in, width_out, products in gemms:
         flops = (
             2 * me.rows(state.rows) * me.cols(width_in, state.cols) * me.cols(width_out, state.rep)
         )
         seconds["gemm"] += products * flops / hardware.gemm_flops
-    for state in states[: work.layers]:
+    for state, layer in zip(states, widths):
         plane = state.spmm_plane()
         share = me.rows(plane.rows, 1) * me.rows(plane.cols, 1)  # fraction of Ã_S entries
         entries = work.batch_nnz * share
-        moved = entries * (8 + _FLOAT * me.cols(hidden, state.cols))  # index+value, one row
+        moved = entries * (8 + _FLOAT * me.cols(layer.width_in, state.cols))  # index+value, row
         seconds["spmm"] += 2 * moved / hardware.memory_bw  # forward and backward
-        activations = me.rows(state.rep) * me.cols(hidden, state.rows) * _FLOAT
-        seconds["elementwise"] += 12 * activations / hardware.memory_bw  # norm, relu, dropout, add
+        if not layer.outputs_classes:
+            activations = me.rows(state.rep) * me.cols(hidden, state.rows) * _FLOAT
+            seconds["elementwise"] += 12 * activations / hardware.memory_bw  # norm, relu, ...
     return dict(seconds)
 
 

@@ -270,3 +270,10 @@ def test_cli_refuses_bad_values_naming_the_key(capsys, monkeypatch, override, na
     monkeypatch.delenv("SCALEGNN_DATA_ROOT", raising=False)
     assert main(["train", "--set", override, "--set", "train.max_steps=1"]) == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("switch", ["head", "input_projection"])
+def test_a_model_without_head_or_projection_needs_a_gcn_layer(switch):
+    with pytest.raises(ConfigError, match=rf"model.layers: got 0, but model.{switch}: false"):
+        config_from_mapping({"model": {"layers": 0, switch: False}})
+    assert config_from_mapping({"model": {"layers": 0}}).model.layers == 0  # paper's form

@@ -8,6 +8,7 @@ import torch
 
 from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.core.layout import Axis, Layout
 from dgl_scalegnn.data.normalize import gcn_normalize
@@ -15,6 +16,7 @@ from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.tiles import tile_adjacency
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.spmm import SPMM_KERNELS, build_local_spmm
@@ -22,6 +24,7 @@ from dgl_scalegnn.sampling.blocks import extract_block, full_block
 from dgl_scalegnn.sampling.store import RankStore, load_csr_block
 from dgl_scalegnn.sampling.uniform import (
     UniformVertexSampler,
+    gcn_norm_graph,
     inclusion_probability,
     sample_vertices,
 )
@@ -66,6 +69,38 @@ def test_gcn_conv_equals_dgl_graphconv(kernel):
     assert torch.allclose(ours, theirs, rtol=0, atol=1e-8)
     assert torch.allclose(features.grad, ref_features.grad, rtol=0, atol=1e-8)
     assert torch.allclose(weight.grad, conv.weight.grad, rtol=0, atol=1e-8)
+
+
+def test_model_without_projection_and_head_is_dgls_graphconv_stack():
+    """``input_projection: false, head: false`` without norm or residual is Kipf &
+    Welling's GCN: DGL's GraphConv (symmetric norm, no bias), ReLU, GraphConv."""
+    dataset = random_dataset(num_nodes=60, num_edges=200, isolated=5)
+    d_in, hidden, classes = 7, 6, 4
+    cfg = ModelConfig(
+        hidden=hidden,
+        layers=2,
+        dropout=0.0,
+        norm=False,
+        residual=False,
+        input_projection=False,
+        head=False,
+    )
+    model = ScaleGNN(cfg, in_features=d_in, num_classes=classes, seed=0).double()
+    assert sorted(model.params) == ["layer0_weight", "layer1_weight"]
+    features = torch.randn(60, d_in, dtype=torch.float64)
+    ours = model(gcn_norm_graph(dataset.graph), features)
+
+    convs = [
+        dgl.nn.GraphConv(a, b, norm="both", bias=False).double()
+        for a, b in ((d_in, hidden), (hidden, classes))
+    ]
+    reference_graph = _graphconv_reference_graph(dataset.graph)
+    with torch.no_grad():
+        for index, conv in enumerate(convs):
+            conv.weight.copy_(model.params[f"layer{index}_weight"])
+        theirs = convs[1](reference_graph, torch.relu(convs[0](reference_graph, features)))
+    assert ours.shape == (60, classes)
+    assert torch.allclose(ours, theirs, rtol=0, atol=1e-6)  # float32 edge weights
 
 
 @pytest.fixture(scope="module")

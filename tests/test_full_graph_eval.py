@@ -35,6 +35,22 @@ GRAPH = {"num_nodes": 97, "num_edges": 400, "num_features": 11, "num_classes": 5
 VARIANTS = {
     "gcn2": {"hidden": 13, "layers": 2, "dropout": 0.3, "norm": False, "residual": False},
     "paper4": {"hidden": 13, "layers": 4, "dropout": 0.3, "input_dropout": 0.2},
+    "kipf2": {
+        "hidden": 13,
+        "layers": 2,
+        "dropout": 0.3,
+        "norm": False,
+        "residual": False,
+        "input_projection": False,
+        "head": False,
+    },
+    "paper3-bare": {
+        "hidden": 13,
+        "layers": 3,
+        "dropout": 0.3,
+        "input_projection": False,
+        "head": False,
+    },
 }
 CHUNK_ROWS = 7
 TOLERANCE = 1e-5

@@ -3,8 +3,9 @@
 N = 97, d_in = 11, hidden = 13, classes = 5 are divisible by none of the axis sizes;
 dropout is on; L = 1..4 crosses the layer-rotation period. Ranks are real processes
 talking over gloo. The paper's model (RMSNorm, residual) runs on every grid; the GCN
-stack the shipped configs train (no norm, no residual, input dropout) and multi-label
-data (binary cross-entropy) on two grids, one with Gd = 2.
+stack the shipped configs train (no norm, no residual, input dropout), the models
+without input projection or head, and multi-label data (binary cross-entropy) on two
+grids, one with Gd = 2.
 """
 
 from __future__ import annotations
@@ -56,6 +57,25 @@ VARIANTS = {
         {"hidden": 13, "dropout": 0.3, "input_dropout": 0.2, "norm": False, "residual": False},
     ),
     "multi-label": ({**GRAPH, "multilabel": True}, MODEL),
+    # Kipf & Welling's GCN: the first layer reads the features (redistributed to its
+    # layout), the last outputs the classes (no tail, no head)
+    "gcn without projection and head": (
+        GRAPH,
+        {
+            "hidden": 13,
+            "dropout": 0.3,
+            "input_dropout": 0.2,
+            "norm": False,
+            "residual": False,
+            "input_projection": False,
+            "head": False,
+        },
+    ),
+    # residual only where the widths agree: not on layer 0 (11 -> 13) nor the classes layer
+    "paper model without projection and head": (
+        GRAPH,
+        {"hidden": 13, "dropout": 0.3, "input_projection": False, "head": False},
+    ),
 }
 
 

@@ -18,6 +18,8 @@ __all__ = [
     "layer_layouts",
     "adjacency_planes",
     "logits_layout",
+    "LayerWidths",
+    "layer_widths",
     "parameter_shards",
     "steps_per_epoch",
     "learning_rate",
@@ -59,26 +61,64 @@ def adjacency_planes(num_layers: int) -> list[Plane]:
     return planes
 
 
-def logits_layout(num_layers: int) -> Layout:
-    """State of the logits: rows along the last state's rows, classes along its rep."""
-    return layer_layouts(num_layers)[-1].after_linear()
+def logits_layout(num_layers: int, head: bool = True) -> Layout:
+    """State of the logits: the head's output (rows along the last state's rows, classes
+    along its rep), or without a head the last GCN layer's output. Both keep the rows."""
+    last = layer_layouts(num_layers)[-1]
+    return last.after_linear() if head else last
+
+
+@dataclass(frozen=True)
+class LayerWidths:
+    """Input and output widths of GCN layer ``index`` and what follows its product.
+
+    ``outputs_classes``: the last layer of a model without head, whose product is the
+    logits (no tail); ``residual``: the tail adds the layer input (equal widths only).
+    """
+
+    index: int
+    width_in: int
+    width_out: int
+    outputs_classes: bool
+    residual: bool
+
+
+def layer_widths(cfg: ModelConfig, in_features: int, num_classes: int) -> list[LayerWidths]:
+    """The widths of every GCN layer of ``cfg``.
+
+    >>> from dgl_scalegnn.config import ModelConfig
+    >>> cfg = ModelConfig(hidden=16, layers=2, input_projection=False, head=False)
+    >>> [(w.width_in, w.width_out, w.outputs_classes) for w in layer_widths(cfg, 100, 7)]
+    [(100, 16, False), (16, 7, True)]
+    """
+    widths = []
+    for index in range(cfg.layers):
+        width_in = cfg.hidden if index > 0 or cfg.input_projection else in_features
+        outputs_classes = not cfg.head and index == cfg.layers - 1
+        width_out = num_classes if outputs_classes else cfg.hidden
+        residual = cfg.residual and not outputs_classes and width_in == width_out
+        widths.append(LayerWidths(index, width_in, width_out, outputs_classes, residual))
+    return widths
 
 
 def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> dict[str, ParamShard]:
     """Global shape and split of every parameter, by name."""
     states = layer_layouts(cfg.layers)
-    shards = {
-        "input_proj": ParamShard((in_features, cfg.hidden), (INPUT_LAYOUT.cols, INPUT_LAYOUT.rep))
-    }
-    for index, state in enumerate(states[: cfg.layers]):
-        aggregated = state.after_spmm()
-        shards[f"layer{index}_weight"] = ParamShard(
-            (cfg.hidden, cfg.hidden), (aggregated.cols, aggregated.rep)
+    shards = {}
+    if cfg.input_projection:
+        shards["input_proj"] = ParamShard(
+            (in_features, cfg.hidden), (INPUT_LAYOUT.cols, INPUT_LAYOUT.rep)
         )
-        if cfg.norm:
-            shards[f"layer{index}_gain"] = ParamShard((cfg.hidden,), (aggregated.rep,))
-    last = states[-1]
-    shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
+    for state, widths in zip(states, layer_widths(cfg, in_features, num_classes)):
+        aggregated = state.after_spmm()
+        shards[f"layer{widths.index}_weight"] = ParamShard(
+            (widths.width_in, widths.width_out), (aggregated.cols, aggregated.rep)
+        )
+        if cfg.norm and not widths.outputs_classes:
+            shards[f"layer{widths.index}_gain"] = ParamShard((cfg.hidden,), (aggregated.rep,))
+    if cfg.head:
+        last = states[-1]
+        shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
     return shards
 
 

@@ -7,6 +7,8 @@
               + X_{h,l-1}, \\qquad
     O = X_{h,L} W_{out}
 
+(without input projection :math:`X_{h,0} = X_S`; without head the last layer is
+:math:`O = \\tilde A_S X_{h,L-1} W_L`, no tail.)
 Each layer knows the layout it reads (and a GCN layer the adjacency plane it multiplies
 by), from the schedule (:mod:`~dgl_scalegnn.core.schedule`). Its parameters are this
 rank's slices of tensors initialised from the seed at their *global* shape, and carry
@@ -25,7 +27,7 @@ from torch import nn
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Layout, Plane
-from dgl_scalegnn.core.schedule import ParamShard
+from dgl_scalegnn.core.schedule import LayerWidths, ParamShard
 from dgl_scalegnn.core.seeds import mix_seed
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.parallel.elementwise import LayerTail, hashed_dropout
@@ -45,6 +47,7 @@ __all__ = [
     "init_global_parameter",
     "sharded_parameter",
     "InputProjection",
+    "InputFeatures",
     "GCNLayer",
     "Head",
 ]
@@ -78,6 +81,23 @@ def sharded_parameter(name: str, shard: ParamShard, runtime: Runtime, seed: int)
     return param
 
 
+def _input_dropout(
+    features: torch.Tensor,
+    spec: ShardSpec,
+    cfg: ModelConfig,
+    runtime: Runtime,
+    seed: int,
+    step: int,
+) -> torch.Tensor:
+    """Hashed dropout of the input features (the same mask on every grid)."""
+    grid = runtime.grid
+    with runtime.profiler.region("elementwise"):
+        row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
+        col_start, _ = spec.col_range(grid.shape, grid.coords)
+        key = mix_seed(seed, step, INPUT_DROPOUT_LAYER)
+        return hashed_dropout(features, key, row_ids, col_start, cfg.input_dropout)
+
+
 class InputProjection(nn.Module):
     """:math:`X_S W_{in}`: features in :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT`
     ``(x, z, y)``, hidden ``(x, y, z)`` out; input dropout (hashed) while training."""
@@ -97,12 +117,7 @@ class InputProjection(nn.Module):
         """``(rows, in_cols)`` shard of spec ``spec`` -> ``(rows, hidden_cols)`` and its spec."""
         cfg, runtime = self.cfg, self.runtime
         if self.training and cfg.input_dropout > 0:
-            grid = runtime.grid
-            with runtime.profiler.region("elementwise"):
-                row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
-                col_start, _ = spec.col_range(grid.shape, grid.coords)
-                key = mix_seed(self.seed, step, INPUT_DROPOUT_LAYER)
-                features = hashed_dropout(features, key, row_ids, col_start, cfg.input_dropout)
+            features = _input_dropout(features, spec, cfg, runtime, self.seed, step)
         return parallel_linear(features, self.weight, spec, cfg.hidden, runtime)
 
     @staticmethod
@@ -111,9 +126,39 @@ class InputProjection(nn.Module):
         return linear_cost(INPUT_LAYOUT, in_features, cfg.hidden, False, sizes)
 
 
+class InputFeatures(nn.Module):
+    """:math:`X_S` itself for a model without input projection: moved from
+    :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT` ``(x, z, y)`` to the ``(x, y, z)`` the
+    first GCN layer reads (an all-to-all over the TP grid, none on one rank); input
+    dropout (hashed) while training."""
+
+    layout = INPUT_LAYOUT
+
+    def __init__(self, cfg: ModelConfig, runtime: Runtime, seed: int) -> None:
+        super().__init__()
+        self.cfg, self.runtime, self.seed = cfg, runtime, seed
+
+    def forward(
+        self, features: torch.Tensor, spec: ShardSpec, step: int
+    ) -> tuple[torch.Tensor, ShardSpec]:
+        """``(rows, in_cols)`` shard of spec ``spec`` -> the same matrix in ``(x, y, z)``."""
+        cfg, runtime = self.cfg, self.runtime
+        if self.training and cfg.input_dropout > 0:
+            features = _input_dropout(features, spec, cfg, runtime, self.seed, step)
+        layout = INPUT_LAYOUT.after_linear()
+        return redistribute(features, spec, layout, runtime), spec.with_layout(layout)
+
+    @staticmethod
+    def cost(in_features: int, sizes: LocalSizes) -> list[CollectiveCost]:
+        """Collectives of :meth:`forward` (the features need no gradient)."""
+        layout = INPUT_LAYOUT.after_linear()
+        return redistribute_cost(INPUT_LAYOUT, layout, in_features, sizes, needs_grad=False)
+
+
 class GCNLayer(nn.Module):
     """Layer ``index``: :math:`\\mathrm{tail}(\\tilde A X W_l)` with the tail
-    (RMSNorm, ReLU, dropout, residual) of :class:`~dgl_scalegnn.parallel.elementwise.LayerTail`.
+    (RMSNorm, ReLU, dropout, residual) of :class:`~dgl_scalegnn.parallel.elementwise.LayerTail`,
+    or :math:`\\tilde A X W_l` alone for the layer that outputs the classes.
 
     Reads layout ``(r, c, o)`` and the adjacency shard of plane ``(o, r)``; writes
     ``(o, r, c)`` (layer rotation).
@@ -121,7 +166,7 @@ class GCNLayer(nn.Module):
 
     def __init__(
         self,
-        index: int,
+        widths: LayerWidths,
         layout: Layout,
         cfg: ModelConfig,
         shards: dict[str, ParamShard],
@@ -130,13 +175,13 @@ class GCNLayer(nn.Module):
         tail: LayerTail,
     ) -> None:
         super().__init__()
-        self.index, self.layout = index, layout
+        self.index, self.widths, self.layout = widths.index, widths, layout
         self.plane: Plane = layout.spmm_plane()
         self.cfg, self.runtime, self.seed, self.tail = cfg, runtime, seed, tail
-        name = f"layer{index}_weight"
+        name = f"layer{self.index}_weight"
         self.weight = sharded_parameter(name, shards[name], runtime, seed)
-        gain = f"layer{index}_gain"
-        self.gain = sharded_parameter(gain, shards[gain], runtime, seed) if cfg.norm else None
+        gain = f"layer{self.index}_gain"
+        self.gain = sharded_parameter(gain, shards[gain], runtime, seed) if gain in shards else None
 
     def forward(
         self,
@@ -152,15 +197,17 @@ class GCNLayer(nn.Module):
         names; ``residual_input`` the rows of the layer input that the output rows add
         (``x`` itself unless the output covers only some rows of ``x``).
         """
-        cfg, runtime = self.cfg, self.runtime
+        cfg, runtime, widths = self.cfg, self.runtime, self.widths
         hidden, out_spec = parallel_spmm(x, adjacency, spec, runtime)
-        hidden, out_spec = parallel_linear(hidden, self.weight, out_spec, cfg.hidden, runtime)
+        hidden, out_spec = parallel_linear(hidden, self.weight, out_spec, widths.width_out, runtime)
+        if widths.outputs_classes:
+            return hidden, out_spec
         grid = runtime.grid
         square_sum = gain = residual = None
-        if cfg.norm:
+        if self.gain is not None:
             square_sum = sum_of_squares(hidden, out_spec, runtime)
             gain = reduce_grad(self.gain, out_spec.layout.rows, runtime)
-        if cfg.residual:
+        if widths.residual:
             layer_input = x if residual_input is None else residual_input
             residual = redistribute(layer_input, spec, out_spec.layout, runtime)
         col_start, _ = out_spec.col_range(grid.shape, grid.coords)
@@ -182,15 +229,21 @@ class GCNLayer(nn.Module):
         return out, out_spec
 
     @staticmethod
-    def cost(layout: Layout, cfg: ModelConfig, sizes: LocalSizes) -> list[CollectiveCost]:
-        """Collectives of :meth:`forward` and its backward for a layer reading ``layout``."""
+    def cost(
+        layout: Layout, widths: LayerWidths, cfg: ModelConfig, sizes: LocalSizes, needs_dx: bool
+    ) -> list[CollectiveCost]:
+        """Collectives of :meth:`forward` and its backward for a layer reading ``layout``
+        (no backward through the SpMM unless the input ``needs_dx``: the features do not)."""
         out = layout.after_gcn_layer()
-        costs = spmm_cost(layout, cfg.hidden, sizes)
-        costs += linear_cost(layout.after_spmm(), cfg.hidden, cfg.hidden, True, sizes)
+        costs = spmm_cost(layout, widths.width_in, sizes, needs_dx)
+        aggregated = layout.after_spmm()
+        costs += linear_cost(aggregated, widths.width_in, widths.width_out, needs_dx, sizes)
+        if widths.outputs_classes:
+            return costs
         if cfg.norm:
             costs += sum_of_squares_cost(out, sizes)
             costs += reduce_grad_cost(out.rows, sizes.cols(cfg.hidden, out.cols))  # the gain
-        if cfg.residual:
+        if widths.residual:
             costs += redistribute_cost(layout, out, cfg.hidden, sizes)
         return costs
 

@@ -8,6 +8,7 @@ and a module DGL users can train in a plain loop with
     X_{h,l} = \\mathrm{Dropout}(\\mathrm{ReLU}(\\mathrm{RMSNorm}(A X_{h,l-1} W_l))) + X_{h,l-1},
     \\qquad O = X_{h,L} W_{out}
 
+(without input projection :math:`X_{h,0} = X`; without head :math:`O = A X_{h,L-1} W_L`),
 with :math:`A` the weighted adjacency in ``graph.edata[weight]`` (aggregation over
 in-edges). Parameters are initialised exactly as the parallel model's global tensors and
 dropout uses the same hashed masks, so both compute the same numbers.
@@ -20,7 +21,7 @@ from torch import nn
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ModelConfig
-from dgl_scalegnn.core.schedule import parameter_shards
+from dgl_scalegnn.core.schedule import layer_widths, parameter_shards
 from dgl_scalegnn.core.seeds import mix_seed
 from dgl_scalegnn.model.layers import INPUT_DROPOUT_LAYER, init_global_parameter
 from dgl_scalegnn.parallel.elementwise import hashed_dropout
@@ -60,6 +61,7 @@ class ScaleGNN(nn.Module):
     def __init__(self, cfg: ModelConfig, *, in_features: int, num_classes: int, seed: int) -> None:
         super().__init__()
         self.cfg, self.seed = cfg, seed
+        self.widths = layer_widths(cfg, in_features, num_classes)
         self.params = nn.ParameterDict(
             {
                 name: nn.Parameter(init_global_parameter(name, shard.global_shape, seed))
@@ -105,13 +107,15 @@ class ScaleGNN(nn.Module):
             features = self._dropout(
                 features, vertex_ids, step, INPUT_DROPOUT_LAYER, cfg.input_dropout
             )
-        hidden = features @ self.params["input_proj"]
-        for layer in range(cfg.layers):
-            out = self.conv(graph, hidden, layer, weight)
+        hidden = features @ self.params["input_proj"] if cfg.input_projection else features
+        for widths in self.widths:
+            out = self.conv(graph, hidden, widths.index, weight)
+            if widths.outputs_classes:
+                return out
             if cfg.norm:
-                out = self.rms_norm(out, layer)
+                out = self.rms_norm(out, widths.index)
             out = torch.relu(out)
             if self.training and cfg.dropout > 0:
-                out = self._dropout(out, vertex_ids, step, layer, cfg.dropout)
-            hidden = out + hidden if cfg.residual else out
+                out = self._dropout(out, vertex_ids, step, widths.index, cfg.dropout)
+            hidden = out + hidden if widths.residual else out
         return hidden @ self.params["head"]

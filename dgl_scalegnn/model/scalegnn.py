@@ -7,6 +7,9 @@
               + X_{h,l-1}, \\qquad
     O = X_{h,L} W_{out}
 
+(without input projection :math:`X_{h,0} = X_S`; without head the last layer is
+:math:`O = \\tilde A_S X_{h,L-1} W_L`, no tail.)
+
 Input features arrive in state ``(x, z, y)``; the projection gives ``(x, y, z)``; layer
 ``l`` maps ``(r, c, o)`` to ``(o, r, c)`` and reads the adjacency shard of plane
 ``(o, r)``, so the planes repeat with period three. Parameters are initialised from the
@@ -24,9 +27,9 @@ from torch import nn
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import INPUT_LAYOUT
-from dgl_scalegnn.core.schedule import layer_layouts, parameter_shards
+from dgl_scalegnn.core.schedule import layer_layouts, layer_widths, parameter_shards
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.model.layers import GCNLayer, Head, InputProjection
+from dgl_scalegnn.model.layers import GCNLayer, Head, InputFeatures, InputProjection
 from dgl_scalegnn.parallel.elementwise import LayerTail
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.batch import RankBatch
@@ -88,22 +91,31 @@ class ParallelScaleGNN(nn.Module):
         self.in_features, self.num_classes = in_features, num_classes
         shards = parameter_shards(cfg, in_features, num_classes)
         self.layer_tail = LayerTail(fuse)
-        self.input_proj = InputProjection(cfg, shards, runtime, seed)
-        self.layers = nn.ModuleList(
-            GCNLayer(index, layout, cfg, shards, runtime, seed, self.layer_tail)
-            for index, layout in enumerate(layer_layouts(cfg.layers)[: cfg.layers])
+        self.input_proj: InputProjection | InputFeatures = (
+            InputProjection(cfg, shards, runtime, seed)
+            if cfg.input_projection
+            else InputFeatures(cfg, runtime, seed)
         )
-        self.head = Head(num_classes, shards, runtime, seed)
+        self.layers = nn.ModuleList(
+            GCNLayer(widths, layout, cfg, shards, runtime, seed, self.layer_tail)
+            for widths, layout in zip(
+                layer_widths(cfg, in_features, num_classes), layer_layouts(cfg.layers)
+            )
+        )
+        self.head = Head(num_classes, shards, runtime, seed) if cfg.head else None
 
     def sharded_state_dict(self) -> dict[str, nn.Parameter]:
         """Every parameter by its schedule name; ``param.shard`` gives its global shape
         and split (what a checkpoint needs to re-slice it for another grid)."""
-        params = {"input_proj": self.input_proj.weight}
+        params = {}
+        if isinstance(self.input_proj, InputProjection):
+            params["input_proj"] = self.input_proj.weight
         for layer in self.layers:
             params[f"layer{layer.index}_weight"] = layer.weight
             if layer.gain is not None:
                 params[f"layer{layer.index}_gain"] = layer.gain
-        params["head"] = self.head.weight
+        if self.head is not None:
+            params["head"] = self.head.weight
         return params
 
     def forward(self, batch: RankBatch) -> tuple[torch.Tensor, ShardSpec]:
@@ -113,7 +125,7 @@ class ParallelScaleGNN(nn.Module):
         hidden, spec = self.input_proj(batch.features, spec, batch.step)
         for layer in self.layers:
             hidden, spec = layer(hidden, spec, batch.adjacency[layer.plane], batch.step)
-        return self.head(hidden, spec)
+        return (hidden, spec) if self.head is None else self.head(hidden, spec)
 
     @staticmethod
     def cost(
@@ -121,10 +133,16 @@ class ParallelScaleGNN(nn.Module):
     ) -> list[CollectiveCost]:
         """Collectives of :meth:`forward` and its backward, layer by layer."""
         layouts = layer_layouts(cfg.layers)
-        costs = InputProjection.cost(cfg, in_features, sizes)
-        for layout in layouts[: cfg.layers]:
-            costs += GCNLayer.cost(layout, cfg, sizes)
-        return costs + Head.cost(layouts[-1], cfg.hidden, num_classes, sizes)
+        if cfg.input_projection:
+            costs = InputProjection.cost(cfg, in_features, sizes)
+        else:
+            costs = InputFeatures.cost(in_features, sizes)
+        for layout, widths in zip(layouts, layer_widths(cfg, in_features, num_classes)):
+            needs_dx = widths.index > 0 or cfg.input_projection
+            costs += GCNLayer.cost(layout, widths, cfg, sizes, needs_dx)
+        if cfg.head:
+            costs += Head.cost(layouts[-1], cfg.hidden, num_classes, sizes)
+        return costs
 
     @torch.no_grad()
     def forward_full_graph(
@@ -145,12 +163,16 @@ class ParallelScaleGNN(nn.Module):
             features = graph.features[chunk.start : chunk.stop]
             return self.input_proj(features, chunk_spec, EVAL_STEP)[0]
 
-        spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, self.cfg.hidden)
-        hidden = self._by_row_chunks(spec, chunk_rows, graph.features.dtype, project)
+        width = self.cfg.hidden if self.cfg.input_projection else self.in_features
+        spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, width)
+        if self.cfg.input_projection or self.runtime.grid.shape.tp_size > 1:
+            hidden = self._by_row_chunks(spec, chunk_rows, graph.features.dtype, project)
+        else:  # on one rank every layout is the whole matrix: no copy of the features
+            hidden = graph.features
         for layer in self.layers:
             # the layer's input is freed once its output is complete
             hidden, spec = self._full_graph_layer(graph, layer, hidden, spec, chunk_rows)
-        return self.head(hidden, spec)
+        return (hidden, spec) if self.head is None else self.head(hidden, spec)
 
     def _full_graph_layer(
         self,
@@ -169,12 +191,12 @@ class ParallelScaleGNN(nn.Module):
         def compute(chunk: RowChunk) -> torch.Tensor:
             # The SpMM reads every input row; the spec only carries the layout and names
             # the chunk's rows, which the output keeps.
-            input_spec = ShardSpec(layout, chunk.rows, self.cfg.hidden)
+            input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
             chunk_input = chunk.rows_of(layer_input, layout.rows, coords, input_start)
             adjacency = CSRRows(block, chunk.start, chunk.stop)
             return layer(layer_input, input_spec, adjacency, EVAL_STEP, chunk_input)[0]
 
-        out_spec = spec.with_layout(layout.after_gcn_layer())
+        out_spec = spec.with_layout(layout.after_gcn_layer(), layer.widths.width_out)
         return self._by_row_chunks(out_spec, chunk_rows, layer_input.dtype, compute), out_spec
 
     def _by_row_chunks(

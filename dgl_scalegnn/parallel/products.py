@@ -154,12 +154,14 @@ def parallel_spmm(
     )
 
 
-def spmm_cost(layout: Layout, width: int, sizes: LocalSizes) -> list[CollectiveCost]:
+def spmm_cost(
+    layout: Layout, width: int, sizes: LocalSizes, needs_grad: bool = True
+) -> list[CollectiveCost]:
     """Collectives of :func:`parallel_spmm` on ``F`` in ``layout`` ``(a, b, e)``: the
-    output ``(rows of e, cols of b)`` over ``a``, then ``dF`` ``(rows of a, cols of b)``
-    over ``e``, both in the PMM precision."""
+    output ``(rows of e, cols of b)`` over ``a``, then (when ``F`` ``needs_grad``) ``dF``
+    ``(rows of a, cols of b)`` over ``e``, both in the PMM precision."""
     a, b, e = layout.rows, layout.cols, layout.rep
-    return [
-        CollectiveCost(a, sizes.rows(e) * sizes.cols(width, b), low_precision=True),
-        CollectiveCost(e, sizes.rows(a) * sizes.cols(width, b), low_precision=True),
-    ]
+    costs = [CollectiveCost(a, sizes.rows(e) * sizes.cols(width, b), low_precision=True)]
+    if needs_grad:
+        costs.append(CollectiveCost(e, sizes.rows(a) * sizes.cols(width, b), low_precision=True))
+    return costs

@@ -91,21 +91,22 @@ def redistribute(x: torch.Tensor, src: ShardSpec, layout: Layout, runtime: Runti
     """Move ``x`` from ``src`` to state ``layout``; forward: all-to-all, backward: the reverse.
 
     Works for uneven splits of rows (vertex ranges) and columns; a no-op when the
-    layouts agree.
+    layouts agree or the TP grid is one rank (every layout is then the whole matrix).
     """
-    if src.layout == layout:
+    if src.layout == layout or runtime.grid.shape.tp_size == 1:
         return x
     return _RedistributeFn.apply(x, src, src.with_layout(layout), runtime)
 
 
 def redistribute_cost(
-    src: Layout, dst: Layout, width: int, sizes: LocalSizes
+    src: Layout, dst: Layout, width: int, sizes: LocalSizes, needs_grad: bool = True
 ) -> list[CollectiveCost]:
     """Collectives of :func:`redistribute` of a ``width``-column matrix from ``src`` to
-    ``dst``: one float32 all-to-all over the TP grid each way (none when they agree)."""
+    ``dst``: one float32 all-to-all over the TP grid forward, and one back when the
+    input ``needs_grad`` (none when the layouts agree)."""
     if src == dst:
         return []
-    return [
-        CollectiveCost(TP_GRID, sizes.sent(src, dst, width), "all_to_all"),
-        CollectiveCost(TP_GRID, sizes.sent(dst, src, width), "all_to_all"),
-    ]
+    costs = [CollectiveCost(TP_GRID, sizes.sent(src, dst, width), "all_to_all")]
+    if needs_grad:
+        costs.append(CollectiveCost(TP_GRID, sizes.sent(dst, src, width), "all_to_all"))
+    return costs
