@@ -131,24 +131,29 @@ def start_ranks(
     reserved = reserve_port()
     port = str(reserved.getsockname()[1])
     log_path = Path(log_dir)
-    log_path.mkdir(parents=True, exist_ok=True)
-    processes = []
-    for rank in range(world_size):
-        rank_env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "OMP_NUM_THREADS": "1",
-            **(env or {}),
-        }
-        process = context.Process(
-            target=_rank_main, args=(target, args, rank_env, str(log_path), rank)
-        )
-        process.start()
-        processes.append(process)
-    return RankGroup(processes, log_path, reserved)
+    processes: list = []
+    group = RankGroup(processes, log_path, reserved)
+    try:
+        log_path.mkdir(parents=True, exist_ok=True)
+        for rank in range(world_size):
+            rank_env = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "OMP_NUM_THREADS": "1",
+                **(env or {}),
+            }
+            process = context.Process(
+                target=_rank_main, args=(target, args, rank_env, str(log_path), rank)
+            )
+            process.start()
+            processes.append(process)
+    except BaseException:
+        group.kill()  # a start failing midway leaves no rank and no reserved port behind
+        raise
+    return group
 
 
 def spawn_ranks(

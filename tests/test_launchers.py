@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import yaml
 from dgl_scalegnn.train.metrics import read_metrics
+from tests import ranks
 from tests.helpers import ROOT
 from tests.ranks import reserve_port, spawn_ranks, start_ranks
 
@@ -88,3 +89,32 @@ def test_ranks_left_running_are_killed_when_the_test_fails_midway(tmp_path):
         raise RuntimeError("the test failed midway")
     assert not any(process.is_alive() for process in group.processes)
     assert group.port.fileno() == -1  # closed
+
+
+def test_a_rank_failing_to_start_leaves_no_rank_and_no_port_behind(tmp_path, monkeypatch):
+    """``start_ranks`` kills the ranks already started and frees the port when a later
+    start fails (fork refused, out of memory)."""
+    context, started, reserved = ranks._forkserver(), [], []
+    real_reserve = ranks.reserve_port
+
+    def refuse_to_fork() -> None:
+        raise OSError("fork refused")
+
+    class SecondStartFails:
+        def Process(self, **kwargs):  # multiprocessing's name
+            process = context.Process(**kwargs)
+            if started:
+                process.start = refuse_to_fork
+            started.append(process)
+            return process
+
+    def reserve_and_keep() -> socket.socket:
+        reserved.append(real_reserve())
+        return reserved[-1]
+
+    monkeypatch.setattr(ranks, "_forkserver", SecondStartFails)
+    monkeypatch.setattr(ranks, "reserve_port", reserve_and_keep)
+    with pytest.raises(OSError, match="fork refused"):
+        ranks.start_ranks(3, "time:sleep", [600], tmp_path)
+    assert len(started) == 2 and started[0].exitcode is not None  # the first one was killed
+    assert reserved[0].fileno() == -1  # closed
