@@ -153,7 +153,8 @@ class ParallelScaleGNN(nn.Module):
         The layers of :meth:`forward` in evaluation mode, applied to one chunk of a
         layer's output rows at a time and multiplying by the resident CSR blocks
         (:mod:`~dgl_scalegnn.sampling.full_graph`): the only full-size buffers are a
-        layer's input and output.
+        layer's input and output. The head runs on each chunk of the last layer's output,
+        so the last hidden matrix is never whole.
         """
         if self.training:
             raise RuntimeError("forward_full_graph evaluates: call model.eval() first")
@@ -169,10 +170,13 @@ class ParallelScaleGNN(nn.Module):
             hidden = self._by_row_chunks(spec, chunk_rows, graph.features.dtype, project)
         else:  # on one rank every layout is the whole matrix: no copy of the features
             hidden = graph.features
+        if not self.layers:
+            return self.head(hidden, spec)
         for layer in self.layers:
+            head = self.head if layer is self.layers[-1] else None
             # the layer's input is freed once its output is complete
-            hidden, spec = self._full_graph_layer(graph, layer, hidden, spec, chunk_rows)
-        return (hidden, spec) if self.head is None else self.head(hidden, spec)
+            hidden, spec = self._full_graph_layer(graph, layer, hidden, spec, chunk_rows, head)
+        return hidden, spec
 
     def _full_graph_layer(
         self,
@@ -181,8 +185,10 @@ class ParallelScaleGNN(nn.Module):
         layer_input: torch.Tensor,
         spec: ShardSpec,
         chunk_rows: int,
+        head: Head | None,
     ) -> tuple[torch.Tensor, ShardSpec]:
-        """``layer`` on the whole graph, one chunk of output rows at a time."""
+        """``layer`` (then ``head``, if given) on the whole graph, one chunk of output
+        rows at a time."""
         coords = self.runtime.grid.coords
         layout = spec.layout
         block = graph.blocks[layer.plane]
@@ -194,9 +200,12 @@ class ParallelScaleGNN(nn.Module):
             input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
             chunk_input = chunk.rows_of(layer_input, layout.rows, coords, input_start)
             adjacency = CSRRows(block, chunk.start, chunk.stop)
-            return layer(layer_input, input_spec, adjacency, EVAL_STEP, chunk_input)[0]
+            out, out_spec = layer(layer_input, input_spec, adjacency, EVAL_STEP, chunk_input)
+            return out if head is None else head(out, out_spec)[0]
 
         out_spec = spec.with_layout(layout.after_gcn_layer(), layer.widths.width_out)
+        if head is not None:  # rows stay, classes along the head's output columns
+            out_spec = out_spec.with_layout(out_spec.layout.after_linear(), head.num_classes)
         return self._by_row_chunks(out_spec, chunk_rows, layer_input.dtype, compute), out_spec
 
     def _by_row_chunks(
