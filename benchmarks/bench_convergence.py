@@ -11,10 +11,12 @@ evaluation after each listed step:
   node mode, budget B, GraphSAINT's aggregator and loss normalisations);
 - models: ``graphconv`` (two weighted GraphConv layers with bias, dropout 0.2: the
   GraphSAINT peer's model) and ``stack`` (dgl_scalegnn's model as configured in the
-  preset's yaml: input projection, GCN layers, head).
+  preset's yaml), with any ``model.*`` key changed after a second colon, e.g.
+  ``uniform:stack:input_projection=true,head=false``.
 
 Run ``python -m benchmarks.bench_convergence --preset products-like --nodes 200000``;
-prints a Markdown table (and writes it with ``--out``).
+prints a Markdown table (and writes it with ``--out``); ``--runs`` takes the runs
+separated by ``;``.
 """
 
 from __future__ import annotations
@@ -118,14 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--runs", default="saint:graphconv,uniform:graphconv,saint:stack,uniform:stack"
+        "--runs", default="saint:graphconv;uniform:graphconv;saint:stack;uniform:stack"
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     dataset = generate(preset(args.preset, args.nodes))
     graph = gcn_graph(dataset.graph)
     batch = round(args.nodes * args.batch_fraction)
-    model_cfg = load_config(CONFIG_FILES[args.preset]).model
     steps = [s for s in CHECKPOINTS if s <= args.steps]
     lines = [
         f"{args.preset}, {args.nodes:,} vertices, B = {batch:,}, lr {args.lr}, "
@@ -134,11 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         "| sampler + model | " + " | ".join(map(str, steps)) + " |",
         "|---|" + "---|" * len(steps),
     ]
-    for spec in args.runs.split(","):
-        sampler, model_name = spec.split(":")
+    for spec in args.runs.split(";"):
+        sampler, model_name, *changes = spec.split(":")
+        overrides = [f"model.{change}" for change in ",".join(changes).split(",") if change]
+        model_cfg = load_config(CONFIG_FILES[args.preset], overrides).model
         result = run(graph, sampler, model_name, model_cfg, batch, args.lr, args.steps, args.seed)
         cells = " | ".join(f"{100 * result[s]:.1f}" for s in steps)
-        row = f"| {sampler} + {model_name} | {cells} |"
+        name = f"{sampler} + {model_name}" + (f" ({', '.join(overrides)})" if overrides else "")
+        row = f"| {name} | {cells} |"
         lines.append(row)
         print(row, flush=True)
     text = "\n".join(lines) + "\n"

@@ -91,7 +91,7 @@ class ParallelScaleGNN(nn.Module):
         self.in_features, self.num_classes = in_features, num_classes
         shards = parameter_shards(cfg, in_features, num_classes)
         self.layer_tail = LayerTail(fuse)
-        self.input_proj: InputProjection | InputFeatures = (
+        self.input_layer: InputProjection | InputFeatures = (
             InputProjection(cfg, shards, runtime, seed)
             if cfg.input_projection
             else InputFeatures(cfg, runtime, seed)
@@ -108,8 +108,8 @@ class ParallelScaleGNN(nn.Module):
         """Every parameter by its schedule name; ``param.shard`` gives its global shape
         and split (what a checkpoint needs to re-slice it for another grid)."""
         params = {}
-        if isinstance(self.input_proj, InputProjection):
-            params["input_proj"] = self.input_proj.weight
+        if isinstance(self.input_layer, InputProjection):
+            params["input_proj"] = self.input_layer.weight
         for layer in self.layers:
             params[f"layer{layer.index}_weight"] = layer.weight
             if layer.gain is not None:
@@ -122,7 +122,7 @@ class ParallelScaleGNN(nn.Module):
         """Logits shard and its spec (classes split along the logits' column axis);
         dropout while ``self.training``."""
         spec = ShardSpec(INPUT_LAYOUT, batch.rows, self.in_features)
-        hidden, spec = self.input_proj(batch.features, spec, batch.step)
+        hidden, spec = self.input_layer(batch.features, spec, batch.step)
         for layer in self.layers:
             hidden, spec = layer(hidden, spec, batch.adjacency[layer.plane], batch.step)
         return (hidden, spec) if self.head is None else self.head(hidden, spec)
@@ -162,7 +162,7 @@ class ParallelScaleGNN(nn.Module):
         def project(chunk: RowChunk) -> torch.Tensor:
             chunk_spec = ShardSpec(INPUT_LAYOUT, chunk.rows, self.in_features)
             features = graph.features[chunk.start : chunk.stop]
-            return self.input_proj(features, chunk_spec, EVAL_STEP)[0]
+            return self.input_layer(features, chunk_spec, EVAL_STEP)[0]
 
         width = self.cfg.hidden if self.cfg.input_projection else self.in_features
         spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, width)
