@@ -31,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "input_dropout": 0.0,
     "norm": True,
     "residual": True,
+    "input_projection": True,
+    "head": True,
     "batch_size": 4096,
     "lr": 0.01,
     "weight_decay": 0.0,
@@ -45,7 +47,16 @@ class ScaleGNNPeer:
     def __init__(self, dataset: NodeDataset, settings: Mapping[str, Any]) -> None:
         # training.train_baseline seeded torch with the run's seed just before this.
         seed = torch.initial_seed()
-        model_keys = ("hidden", "layers", "dropout", "input_dropout", "norm", "residual")
+        model_keys = (
+            "hidden",
+            "layers",
+            "dropout",
+            "input_dropout",
+            "norm",
+            "residual",
+            "input_projection",
+            "head",
+        )
         cfg = config_from_mapping(
             {
                 "model": {k: settings[k] for k in model_keys},

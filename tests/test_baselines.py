@@ -10,6 +10,7 @@ import benchmarks.baselines  # noqa: F401  (before torch: sets OMP_WAIT_POLICY)
 
 # isort: split
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -20,11 +21,13 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.baselines import distdgl, graphsage, graphsaint, training
+from benchmarks import ours
+from benchmarks.baselines import distdgl, graphsage, graphsaint, run_peers, training
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.config import ModelConfig, SyntheticConfig, load_config
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.data.synthetic import generate
+from tests.helpers import ROOT
 
 SMALL = SyntheticConfig(num_nodes=3000, seed=1)  # 8 classes: chance is 0.125
 #: A clear margin over chance (runs of a few epochs reach 0.5-0.6).
@@ -441,4 +444,27 @@ def test_projection_uses_the_epochs_to_the_papers_target_measured_here(tmp_path)
     assert rows[0]["paper_time_to_target_s"] == 7.83
     assert rows[0]["projected_time_to_target_s"] == pytest.approx(
         3.0 * rows[0]["projected_epoch_s"]
+    )
+
+
+def test_the_peer_comparison_trains_cora_as_shipped():
+    """The first Cora setting of the peer comparison is yaml/cora.yaml, every model key
+    included (a key the wrapper does not pass would silently train the default)."""
+    setting = run_peers.GRIDS[("scalegnn", "cora")][0]
+    shipped = load_config(ROOT / "yaml" / "cora.yaml")
+    model_keys = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "rms_eps"]
+    assert set(model_keys) <= set(ours.DEFAULTS)
+    assert {k: setting[k] for k in model_keys} == {k: getattr(shipped.model, k) for k in model_keys}
+    assert (
+        setting["batch_size"],
+        setting["lr"],
+        setting["weight_decay"],
+        setting["lr_schedule"],
+        setting["epochs"],
+    ) == (
+        shipped.sampling.batch_size,
+        shipped.optim.lr,
+        shipped.optim.weight_decay,
+        shipped.optim.lr_schedule,
+        shipped.train.epochs,
     )
