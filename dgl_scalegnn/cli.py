@@ -33,8 +33,9 @@ _USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError,)
 def _user_errors() -> tuple[type[BaseException], ...]:
     from dgl_scalegnn.core.grid_shape import GridError
     from dgl_scalegnn.data.graph import DatasetError
+    from dgl_scalegnn.train.checkpoint import CheckpointError
 
-    return (*_USER_ERRORS, DatasetError, GridError)
+    return (*_USER_ERRORS, DatasetError, GridError, CheckpointError)
 
 
 def _launch_rank() -> int:

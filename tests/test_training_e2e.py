@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 import yaml
+from dgl_scalegnn.cli import main as cli_main
 from dgl_scalegnn.config import load_config
 from dgl_scalegnn.train.checkpoint import latest_checkpoint
 from dgl_scalegnn.train.run import run_training
@@ -145,3 +146,26 @@ def test_checkpoint_killed_midway_leaves_the_previous_one_loadable(tmp_path):
     assert (checkpoints / "step_00000004.partial").exists()
     resumed = _losses(train_through_cli(tmp_path, "after-crash", "1x1x1x1", config, "--resume"))
     assert min(resumed) == 2 and max(resumed) == 14
+
+
+def test_a_checkpoint_resumes_into_its_own_model_only(tmp_path, capsys):
+    """A checkpoint written before ``model.input_projection`` and ``model.head`` existed
+    resumes (they were on); a checkpoint of another model form is refused by key."""
+    config = _with_checkpoints(tmp_path, "run")
+    first = train_through_cli(tmp_path, "first", "1x1x1x1", config, "--set", "train.max_steps=3")
+    assert sorted(_losses(first)) == [0, 1, 2]
+    checkpoint = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    for key in ("input_projection", "head"):
+        del meta["config"]["model"][key]
+    (checkpoint / "meta.json").write_text(json.dumps(meta))
+    resumed = train_through_cli(
+        tmp_path, "resumed", "1x1x1x1", config, "--resume", "--set", "train.max_steps=5"
+    )
+    assert sorted(_losses(resumed)) == [3, 4]
+
+    config_path = tmp_path / "headless.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    argv = ["train", "--config", str(config_path), "--resume", "--set", "model.head=false"]
+    assert cli_main(argv) != 0
+    assert "model.head: True in the checkpoint, False in this run" in capsys.readouterr().err

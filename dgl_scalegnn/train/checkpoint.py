@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.schedule import ParamShard
 from dgl_scalegnn.distributed.grid import Grid4D
@@ -155,6 +156,15 @@ def _assemble(records: list[dict], shape: GridShape, shard: ParamShard, pick) ->
     return full
 
 
+def _model_section(saved: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The model section a checkpoint was written with, keys added since then at their
+    defaults (a checkpoint from before ``model.head`` existed had a head)."""
+    unknown = sorted(set(saved) - {field.name for field in fields(ModelConfig)})
+    if unknown:
+        raise CheckpointError(f"{path}: written with model keys this version lacks: {unknown}")
+    return asdict(ModelConfig(**saved))
+
+
 def load_checkpoint(
     checkpoint: str | os.PathLike[str],
     *,
@@ -166,11 +176,14 @@ def load_checkpoint(
     """Load ``checkpoint`` into this rank's shards (re-sliced for its grid); returns progress."""
     path = Path(checkpoint)
     meta = json.loads((path / "meta.json").read_text())
-    if meta["config"]["model"] != model_config:
-        raise CheckpointError(
-            f"{path}: written for model {meta['config']['model']}, this run has {model_config}; "
-            "resume with the same model section"
+    saved = _model_section(meta["config"]["model"], path)
+    if saved != model_config:
+        differences = ", ".join(
+            f"model.{key}: {saved.get(key)!r} in the checkpoint, {value!r} in this run"
+            for key, value in model_config.items()
+            if saved.get(key) != value
         )
+        raise CheckpointError(f"{path}: {differences}; resume with the same model section")
     old_shape = GridShape.parse(meta["grid"])
     old_ranks = [
         old_shape.rank_of(Coords(0, x, y, z))
