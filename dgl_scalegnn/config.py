@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -279,6 +280,12 @@ def _check_choices_and_ranges(cfg: Config) -> None:
             raise ConfigError(f"{key}: got {value}; it must be at least {minimum}")
 
     check_kernel_backend(cfg.parallel.spmm_kernel, cfg.parallel.backend)
+    grid = re.fullmatch(r"\s*(\d+)x(\d+)x(\d+)(?:x(\d+))?\s*", cfg.parallel.grid)
+    if grid is None or any(int(size) < 1 for size in grid.groups() if size is not None):
+        raise ConfigError(
+            f"parallel.grid: got {cfg.parallel.grid!r}; give GdxGxxGyxGz (e.g. 1x2x2x2) or "
+            "GxxGyxGz, every size at least 1"
+        )
     positive("model.hidden", cfg.model.hidden)
     positive("model.layers", cfg.model.layers, 0)
     if cfg.model.layers == 0 and not (cfg.model.head and cfg.model.input_projection):
