@@ -249,6 +249,19 @@ _CHOICES = {
 }
 
 
+def grid_sizes(spec: str) -> tuple[int, ...] | None:
+    """The sizes of a grid written ``GdxGxxGyxGz`` or ``GxxGyxGz``, ``None`` if it is not
+    of that form (the one parser of the grid syntax; sizes are not checked here).
+
+    >>> grid_sizes("1x2x2x2"), grid_sizes("2x2")
+    ((1, 2, 2, 2), None)
+    """
+    parts = re.fullmatch(r"\s*(\d+)x(\d+)x(\d+)(?:x(\d+))?\s*", str(spec))
+    if parts is None:
+        return None
+    return tuple(int(part) for part in parts.groups() if part is not None)
+
+
 def check_kernel_backend(kernel: str, backend: str) -> None:
     """Refuse a local SpMM kernel that cannot run with ``backend`` (NCCL means CUDA tensors,
     and the DGL kernels run on CPU only: see :mod:`dgl_scalegnn.parallel.spmm`).
@@ -280,8 +293,8 @@ def _check_choices_and_ranges(cfg: Config) -> None:
             raise ConfigError(f"{key}: got {value}; it must be at least {minimum}")
 
     check_kernel_backend(cfg.parallel.spmm_kernel, cfg.parallel.backend)
-    grid = re.fullmatch(r"\s*(\d+)x(\d+)x(\d+)(?:x(\d+))?\s*", cfg.parallel.grid)
-    if grid is None or any(int(size) < 1 for size in grid.groups() if size is not None):
+    sizes = grid_sizes(cfg.parallel.grid)
+    if sizes is None or min(sizes) < 1:
         raise ConfigError(
             f"parallel.grid: got {cfg.parallel.grid!r}; give GdxGxxGyxGz (e.g. 1x2x2x2) or "
             "GxxGyxGz, every size at least 1"

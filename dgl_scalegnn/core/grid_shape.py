@@ -8,9 +8,9 @@ Rank layout: ``x`` varies fastest, then ``y``, then ``z``, then ``d``:
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 
+from dgl_scalegnn.config import grid_sizes
 from dgl_scalegnn.core.layout import Axis
 
 __all__ = ["GridShape", "Coords", "GridError"]
@@ -53,12 +53,11 @@ class GridShape:
     @classmethod
     def parse(cls, spec: str) -> GridShape:
         """``"GdxGxxGyxGz"`` (e.g. ``2x2x2x2``); a 3-part ``GxxGyxGz`` means ``Gd = 1``."""
-        parts = re.fullmatch(r"\s*(\d+)x(\d+)x(\d+)(?:x(\d+))?\s*", str(spec))
-        if parts is None:
+        sizes = grid_sizes(spec)
+        if sizes is None:
             raise GridError(
                 f"grid {spec!r} is not of the form GdxGxxGyxGz (e.g. 1x2x2x2) or GxxGyxGz"
             )
-        sizes = [int(p) for p in parts.groups() if p is not None]
         return cls(*sizes) if len(sizes) == 4 else cls(1, *sizes)
 
     def __str__(self) -> str:

@@ -46,8 +46,8 @@ __all__ = [
     "INPUT_DROPOUT_LAYER",
     "init_global_parameter",
     "sharded_parameter",
-    "InputProjection",
     "InputFeatures",
+    "InputProjection",
     "GCNLayer",
     "Head",
 ]
@@ -81,56 +81,8 @@ def sharded_parameter(name: str, shard: ParamShard, runtime: Runtime, seed: int)
     return param
 
 
-def _input_dropout(
-    features: torch.Tensor,
-    spec: ShardSpec,
-    cfg: ModelConfig,
-    runtime: Runtime,
-    seed: int,
-    step: int,
-) -> torch.Tensor:
-    """Hashed dropout of the input features (the same mask on every grid)."""
-    grid = runtime.grid
-    with runtime.profiler.region("elementwise"):
-        row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
-        col_start, _ = spec.col_range(grid.shape, grid.coords)
-        key = mix_seed(seed, step, INPUT_DROPOUT_LAYER)
-        return hashed_dropout(features, key, row_ids, col_start, cfg.input_dropout)
-
-
-class InputProjection(nn.Module):
-    """:math:`X_S W_{in}`: features in :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT`
-    ``(x, z, y)``, hidden ``(x, y, z)`` out; input dropout (hashed) while training."""
-
-    layout = INPUT_LAYOUT
-
-    def __init__(
-        self, cfg: ModelConfig, shards: dict[str, ParamShard], runtime: Runtime, seed: int
-    ) -> None:
-        super().__init__()
-        self.cfg, self.runtime, self.seed = cfg, runtime, seed
-        self.weight = sharded_parameter("input_proj", shards["input_proj"], runtime, seed)
-
-    def forward(
-        self, features: torch.Tensor, spec: ShardSpec, step: int
-    ) -> tuple[torch.Tensor, ShardSpec]:
-        """``(rows, in_cols)`` shard of spec ``spec`` -> ``(rows, hidden_cols)`` and its spec."""
-        cfg, runtime = self.cfg, self.runtime
-        if self.training and cfg.input_dropout > 0:
-            features = _input_dropout(features, spec, cfg, runtime, self.seed, step)
-        return parallel_linear(features, self.weight, spec, cfg.hidden, runtime)
-
-    @staticmethod
-    def cost(cfg: ModelConfig, in_features: int, sizes: LocalSizes) -> list[CollectiveCost]:
-        """Collectives of :meth:`forward` and its backward (the features need no gradient)."""
-        return linear_cost(INPUT_LAYOUT, in_features, cfg.hidden, False, sizes)
-
-
-class InputFeatures(nn.Module):
-    """:math:`X_S` itself for a model without input projection: moved from
-    :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT` ``(x, z, y)`` to the ``(x, y, z)`` the
-    first GCN layer reads (an all-to-all over the TP grid, none on one rank); input
-    dropout (hashed) while training."""
+class _InputStage(nn.Module):
+    """What both ways into the first GCN layer share: input dropout (hashed) while training."""
 
     layout = INPUT_LAYOUT
 
@@ -138,21 +90,62 @@ class InputFeatures(nn.Module):
         super().__init__()
         self.cfg, self.runtime, self.seed = cfg, runtime, seed
 
+    def dropout(self, features: torch.Tensor, spec: ShardSpec, step: int) -> torch.Tensor:
+        """Hashed dropout of the input features while training (the same mask on every grid)."""
+        cfg, runtime = self.cfg, self.runtime
+        if not self.training or cfg.input_dropout == 0:
+            return features
+        grid = runtime.grid
+        with runtime.profiler.region("elementwise"):
+            row_ids = spec.rows.ids(spec.layout.rows, grid.coord(spec.layout.rows))
+            col_start, _ = spec.col_range(grid.shape, grid.coords)
+            key = mix_seed(self.seed, step, INPUT_DROPOUT_LAYER)
+            return hashed_dropout(features, key, row_ids, col_start, cfg.input_dropout)
+
+
+class InputFeatures(_InputStage):
+    """:math:`X_S` itself for a model without input projection: moved from
+    :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT` ``(x, z, y)`` to the ``(x, y, z)`` the
+    first GCN layer reads (an all-to-all over the TP grid, none on one rank); input
+    dropout (hashed) while training."""
+
     def forward(
         self, features: torch.Tensor, spec: ShardSpec, step: int
     ) -> tuple[torch.Tensor, ShardSpec]:
         """``(rows, in_cols)`` shard of spec ``spec`` -> the same matrix in ``(x, y, z)``."""
-        cfg, runtime = self.cfg, self.runtime
-        if self.training and cfg.input_dropout > 0:
-            features = _input_dropout(features, spec, cfg, runtime, self.seed, step)
         layout = INPUT_LAYOUT.after_linear()
-        return redistribute(features, spec, layout, runtime), spec.with_layout(layout)
+        features = self.dropout(features, spec, step)
+        return redistribute(features, spec, layout, self.runtime), spec.with_layout(layout)
 
     @staticmethod
     def cost(in_features: int, sizes: LocalSizes) -> list[CollectiveCost]:
         """Collectives of :meth:`forward` (the features need no gradient)."""
         layout = INPUT_LAYOUT.after_linear()
         return redistribute_cost(INPUT_LAYOUT, layout, in_features, sizes, needs_grad=False)
+
+
+class InputProjection(_InputStage):
+    """:math:`X_S W_{in}`: features in :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT`
+    ``(x, z, y)``, hidden ``(x, y, z)`` out (the projection's all-reduce moves them, no
+    redistribution); input dropout (hashed) while training."""
+
+    def __init__(
+        self, cfg: ModelConfig, shards: dict[str, ParamShard], runtime: Runtime, seed: int
+    ) -> None:
+        super().__init__(cfg, runtime, seed)
+        self.weight = sharded_parameter("input_proj", shards["input_proj"], runtime, seed)
+
+    def forward(
+        self, features: torch.Tensor, spec: ShardSpec, step: int
+    ) -> tuple[torch.Tensor, ShardSpec]:
+        """``(rows, in_cols)`` shard of spec ``spec`` -> ``(rows, hidden_cols)`` and its spec."""
+        features = self.dropout(features, spec, step)
+        return parallel_linear(features, self.weight, spec, self.cfg.hidden, self.runtime)
+
+    @staticmethod
+    def cost(cfg: ModelConfig, in_features: int, sizes: LocalSizes) -> list[CollectiveCost]:
+        """Collectives of :meth:`forward` and its backward (the features need no gradient)."""
+        return linear_cost(INPUT_LAYOUT, in_features, cfg.hidden, False, sizes)
 
 
 class GCNLayer(nn.Module):
