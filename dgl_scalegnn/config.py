@@ -115,7 +115,10 @@ class ModelConfig:
     layer maps to the classes, with no norm, ReLU, dropout or residual after it. Both
     false with ``norm`` and ``residual`` false is Kipf & Welling's GCN (DGL's GraphConv
     stack, without biases). A residual joins only layers whose input and output widths
-    agree.
+    agree; it adds the layer's input (``residual_from: input``, the paper's form) or the
+    layer's input after aggregation, :math:`\tilde A X_{h,l-1}` (``aggregated``).
+    ``final_norm`` applies an RMSNorm (with its own gain) to the head's input (the paper
+    has none).
     """
 
     hidden: int = 128
@@ -126,6 +129,8 @@ class ModelConfig:
     residual: bool = True
     input_projection: bool = True
     head: bool = True
+    residual_from: str = "input"
+    final_norm: bool = False
     rms_eps: float = 1e-6
 
 
@@ -246,6 +251,7 @@ _CHOICES = {
     "parallel.backend": ("auto", "gloo", "nccl"),
     "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),
     "optim.lr_schedule": ("constant", "cosine"),
+    "model.residual_from": ("input", "aggregated"),
 }
 
 
@@ -307,6 +313,11 @@ def _check_choices_and_ranges(cfg: Config) -> None:
             f"model.layers: got 0, but model.{switch}: false "
             "needs a GCN layer (to read the features or to output the classes); give at "
             "least one layer or turn it back on"
+        )
+    if cfg.model.final_norm and not cfg.model.head:
+        raise ConfigError(
+            "model.final_norm: true normalises the head's input, but model.head: false; "
+            "turn the head on or final_norm off"
         )
     positive("sampling.batch_size", cfg.sampling.batch_size, 2)
     positive("train.epochs", cfg.train.epochs)

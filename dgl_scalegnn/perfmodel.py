@@ -71,6 +71,8 @@ class Workload:
     residual: bool = True
     input_projection: bool = True
     head: bool = True
+    residual_from: str = "input"
+    final_norm: bool = False
     bf16_comm: bool = False
 
     def model_config(self) -> ModelConfig:
@@ -81,6 +83,8 @@ class Workload:
             residual=self.residual,
             input_projection=self.input_projection,
             head=self.head,
+            residual_from=self.residual_from,
+            final_norm=self.final_norm,
         )
 
     @property

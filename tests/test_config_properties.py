@@ -278,3 +278,12 @@ def test_a_model_without_head_or_projection_needs_a_gcn_layer(switch):
     with pytest.raises(ConfigError, match=rf"model.layers: got 0, but model.{switch}: false"):
         config_from_mapping({"model": {"layers": 0, switch: False}})
     assert config_from_mapping({"model": {"layers": 0}}).model.layers == 0  # paper's form
+
+
+def test_final_norm_needs_a_head_and_residual_from_names_its_choices():
+    with pytest.raises(ConfigError, match=r"model\.final_norm: true normalises the head's input"):
+        config_from_mapping({"model": {"final_norm": True, "head": False}})
+    with pytest.raises(ConfigError, match=r"model\.residual_from: got 'output'; allowed values"):
+        config_from_mapping({"model": {"residual_from": "output"}})
+    model = config_from_mapping({"model": {"residual_from": "aggregated", "final_norm": True}})
+    assert (model.model.residual_from, model.model.final_norm) == ("aggregated", True)

@@ -103,6 +103,45 @@ def test_model_without_projection_and_head_is_dgls_graphconv_stack():
     assert torch.allclose(ours, theirs, rtol=0, atol=1e-6)  # float32 edge weights
 
 
+def test_aggregated_residual_and_final_norm_against_dense_formula():
+    """``residual_from: aggregated`` adds A H (not H) after the tail and ``final_norm``
+    normalises the head's input: the reference model equals the dense formula, and each
+    switch alone changes the logits."""
+    dataset = random_dataset(num_nodes=60, num_edges=200, isolated=5)
+    d_in, hidden, classes = 7, 6, 4
+    graph = gcn_norm_graph(dataset.graph)
+    src, dst = graph.edges()
+    adjacency = torch.zeros(60, 60, dtype=torch.float64)
+    adjacency.index_put_((dst, src), graph.edata["w"].double(), accumulate=True)
+    features = torch.randn(60, d_in, dtype=torch.float64)
+
+    def logits(**switches) -> tuple[torch.Tensor, ScaleGNN]:
+        cfg = ModelConfig(hidden=hidden, layers=2, dropout=0.0, **switches)
+        model = ScaleGNN(cfg, in_features=d_in, num_classes=classes, seed=0).double()
+        with torch.no_grad():  # gains away from 1, so that a missing gain shows
+            for name, param in model.params.items():
+                if "gain" in name:
+                    param.uniform_(0.5, 1.5)
+        return model(graph, features), model
+
+    def rms_norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt(x.pow(2).mean(1, keepdim=True) + 1e-6) * gain
+
+    ours, model = logits(residual_from="aggregated", final_norm=True)
+    params = {name: param.detach() for name, param in model.params.items()}
+    hidden_rows = features @ params["input_proj"]
+    for layer in range(2):
+        aggregated = adjacency @ hidden_rows
+        out = rms_norm(aggregated @ params[f"layer{layer}_weight"], params[f"layer{layer}_gain"])
+        hidden_rows = torch.relu(out) + aggregated
+    expected = rms_norm(hidden_rows, params["final_gain"]) @ params["head"]
+    assert torch.allclose(ours, expected, rtol=0, atol=1e-5)  # float32 edge weights
+    without_final_norm, _ = logits(residual_from="aggregated")
+    from_input, _ = logits(final_norm=True)
+    for other in (without_final_norm, from_input):
+        assert (ours - other).abs().max() > 1e-2
+
+
 @pytest.fixture(scope="module")
 def prepared():
     return prepare_in_memory(random_dataset(num_nodes=97, num_edges=500), permutation_seed=1)

@@ -44,6 +44,13 @@ VARIANTS = {
         "input_projection": False,
         "head": False,
     },
+    "paper3-aggregated-final-norm": {
+        "hidden": 13,
+        "layers": 3,
+        "dropout": 0.3,
+        "residual_from": "aggregated",
+        "final_norm": True,
+    },
     "paper3-bare": {
         "hidden": 13,
         "layers": 3,

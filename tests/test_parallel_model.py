@@ -3,9 +3,9 @@
 N = 97, d_in = 11, hidden = 13, classes = 5 are divisible by none of the axis sizes;
 dropout is on; L = 1..4 crosses the layer-rotation period. Ranks are real processes
 talking over gloo. The paper's model (RMSNorm, residual) runs on every grid; the GCN
-stack the shipped configs train (no norm, no residual, input dropout), the models
-without input projection or head, and multi-label data (binary cross-entropy) on two
-grids, one with Gd = 2.
+stack (no norm, no residual, input dropout), the models without input projection or
+head, the aggregated residual with the final norm, and multi-label data (binary
+cross-entropy) on two grids, one with Gd = 2.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ VARIANTS = {
     "paper model without projection and head": (
         GRAPH,
         {"hidden": 13, "dropout": 0.3, "input_projection": False, "head": False},
+    ),
+    # the residual taken after the aggregation (another layout than the layer input's)
+    # and an RMSNorm of the head's input
+    "paper model, aggregated residual, final norm": (
+        GRAPH,
+        {"hidden": 13, "dropout": 0.3, "residual_from": "aggregated", "final_norm": True},
     ),
 }
 

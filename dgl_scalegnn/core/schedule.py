@@ -118,6 +118,8 @@ def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> di
             shards[f"layer{widths.index}_gain"] = ParamShard((cfg.hidden,), (aggregated.rep,))
     if cfg.head:
         last = states[-1]
+        if cfg.final_norm:
+            shards["final_gain"] = ParamShard((cfg.hidden,), (last.cols,))
         shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
     return shards
 

@@ -8,7 +8,9 @@
     O = X_{h,L} W_{out}
 
 (without input projection :math:`X_{h,0} = X_S`; without head the last layer is
-:math:`O = \\tilde A_S X_{h,L-1} W_L`, no tail.)
+:math:`O = \\tilde A_S X_{h,L-1} W_L`, no tail; with ``residual_from: aggregated`` the
+residual is :math:`\\tilde A_S X_{h,l-1}`; with ``final_norm``
+:math:`O = \\mathrm{RMSNorm}(X_{h,L}) W_{out}`.)
 Each layer knows the layout it reads (and a GCN layer the adjacency plane it multiplies
 by), from the schedule (:mod:`~dgl_scalegnn.core.schedule`). Its parameters are this
 rank's slices of tensors initialised from the seed at their *global* shape, and carry
@@ -34,6 +36,8 @@ from dgl_scalegnn.parallel.elementwise import LayerTail, hashed_dropout
 from dgl_scalegnn.parallel.norm import (
     reduce_grad,
     reduce_grad_cost,
+    rms_norm,
+    rms_norm_cost,
     sum_of_squares,
     sum_of_squares_cost,
 )
@@ -151,7 +155,8 @@ class InputProjection(_InputStage):
 class GCNLayer(nn.Module):
     """Layer ``index``: :math:`\\mathrm{tail}(\\tilde A X W_l)` with the tail
     (RMSNorm, ReLU, dropout, residual) of :class:`~dgl_scalegnn.parallel.elementwise.LayerTail`,
-    or :math:`\\tilde A X W_l` alone for the layer that outputs the classes.
+    or :math:`\\tilde A X W_l` alone for the layer that outputs the classes. The residual
+    is :math:`X` or, with ``residual_from: aggregated``, :math:`\\tilde A X`.
 
     Reads layout ``(r, c, o)`` and the adjacency shard of plane ``(o, r)``; writes
     ``(o, r, c)`` (layer rotation).
@@ -191,8 +196,10 @@ class GCNLayer(nn.Module):
         (``x`` itself unless the output covers only some rows of ``x``).
         """
         cfg, runtime, widths = self.cfg, self.runtime, self.widths
-        hidden, out_spec = parallel_spmm(x, adjacency, spec, runtime)
-        hidden, out_spec = parallel_linear(hidden, self.weight, out_spec, widths.width_out, runtime)
+        aggregated, aggregated_spec = parallel_spmm(x, adjacency, spec, runtime)
+        hidden, out_spec = parallel_linear(
+            aggregated, self.weight, aggregated_spec, widths.width_out, runtime
+        )
         if widths.outputs_classes:
             return hidden, out_spec
         grid = runtime.grid
@@ -200,7 +207,9 @@ class GCNLayer(nn.Module):
         if self.gain is not None:
             square_sum = sum_of_squares(hidden, out_spec, runtime)
             gain = reduce_grad(self.gain, out_spec.layout.rows, runtime)
-        if widths.residual:
+        if widths.residual and cfg.residual_from == "aggregated":
+            residual = redistribute(aggregated, aggregated_spec, out_spec.layout, runtime)
+        elif widths.residual:
             layer_input = x if residual_input is None else residual_input
             residual = redistribute(layer_input, spec, out_spec.layout, runtime)
         col_start, _ = out_spec.col_range(grid.shape, grid.coords)
@@ -237,26 +246,41 @@ class GCNLayer(nn.Module):
             costs += sum_of_squares_cost(out, sizes)
             costs += reduce_grad_cost(out.rows, sizes.cols(cfg.hidden, out.cols))  # the gain
         if widths.residual:
-            costs += redistribute_cost(layout, out, cfg.hidden, sizes)
+            source = aggregated if cfg.residual_from == "aggregated" else layout
+            costs += redistribute_cost(source, out, cfg.hidden, sizes)
         return costs
 
 
 class Head(nn.Module):
-    """:math:`X_{h,L} W_{out}`: logits with classes split along the output layout's columns."""
+    """:math:`X_{h,L} W_{out}` (or :math:`\\mathrm{RMSNorm}(X_{h,L}) W_{out}` with
+    ``final_norm``): logits with classes split along the output layout's columns."""
 
     def __init__(
-        self, num_classes: int, shards: dict[str, ParamShard], runtime: Runtime, seed: int
+        self,
+        cfg: ModelConfig,
+        num_classes: int,
+        shards: dict[str, ParamShard],
+        runtime: Runtime,
+        seed: int,
     ) -> None:
         super().__init__()
-        self.num_classes, self.runtime = num_classes, runtime
+        self.cfg, self.num_classes, self.runtime = cfg, num_classes, runtime
         self.weight = sharded_parameter("head", shards["head"], runtime, seed)
+        self.gain = (
+            sharded_parameter("final_gain", shards["final_gain"], runtime, seed)
+            if "final_gain" in shards
+            else None
+        )
 
     def forward(self, hidden: torch.Tensor, spec: ShardSpec) -> tuple[torch.Tensor, ShardSpec]:
+        if self.gain is not None:
+            hidden = rms_norm(hidden, self.gain, spec, self.cfg.rms_eps, self.runtime)
         return parallel_linear(hidden, self.weight, spec, self.num_classes, self.runtime)
 
     @staticmethod
     def cost(
-        layout: Layout, hidden: int, num_classes: int, sizes: LocalSizes
+        layout: Layout, cfg: ModelConfig, num_classes: int, sizes: LocalSizes
     ) -> list[CollectiveCost]:
         """Collectives of :meth:`forward` and its backward on hidden rows in ``layout``."""
-        return linear_cost(layout, hidden, num_classes, True, sizes)
+        norm = rms_norm_cost(layout, cfg.hidden, sizes) if cfg.final_norm else []
+        return norm + linear_cost(layout, cfg.hidden, num_classes, True, sizes)

@@ -8,7 +8,9 @@ and a module DGL users can train in a plain loop with
     X_{h,l} = \\mathrm{Dropout}(\\mathrm{ReLU}(\\mathrm{RMSNorm}(A X_{h,l-1} W_l))) + X_{h,l-1},
     \\qquad O = X_{h,L} W_{out}
 
-(without input projection :math:`X_{h,0} = X`; without head :math:`O = A X_{h,L-1} W_L`),
+(without input projection :math:`X_{h,0} = X`; without head :math:`O = A X_{h,L-1} W_L`;
+``residual_from: aggregated`` adds :math:`A X_{h,l-1}`; ``final_norm`` normalises
+:math:`X_{h,L}` before :math:`W_{out}`),
 with :math:`A` the weighted adjacency in ``graph.edata[weight]`` (aggregation over
 in-edges). Parameters are initialised exactly as the parallel model's global tensors and
 dropout uses the same hashed masks, so both compute the same numbers.
@@ -69,16 +71,14 @@ class ScaleGNN(nn.Module):
             }
         )
 
-    def conv(
-        self, graph: dgl.DGLGraph, features: torch.Tensor, layer: int, weight: str
-    ) -> torch.Tensor:
-        """GCN convolution :math:`A X W_l` (SpMM then GEMM)."""
-        aggregated = dgl.ops.u_mul_e_sum(graph, features, graph.edata[weight].to(features.dtype))
-        return aggregated @ self.params[f"layer{layer}_weight"]
+    @staticmethod
+    def aggregate(graph: dgl.DGLGraph, features: torch.Tensor, weight: str) -> torch.Tensor:
+        """:math:`A X` (the SpMM of a GCN convolution)."""
+        return dgl.ops.u_mul_e_sum(graph, features, graph.edata[weight].to(features.dtype))
 
-    def rms_norm(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+    def rms_norm(self, x: torch.Tensor, gain: str) -> torch.Tensor:
         inv_rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.cfg.rms_eps)
-        return x * inv_rms * self.params[f"layer{layer}_gain"]
+        return x * inv_rms * self.params[gain]
 
     def _dropout(
         self, x: torch.Tensor, vertex_ids: torch.Tensor, step: int, layer: int, rate: float
@@ -109,13 +109,18 @@ class ScaleGNN(nn.Module):
             )
         hidden = features @ self.params["input_proj"] if cfg.input_projection else features
         for widths in self.widths:
-            out = self.conv(graph, hidden, widths.index, weight)
+            aggregated = self.aggregate(graph, hidden, weight)
+            out = aggregated @ self.params[f"layer{widths.index}_weight"]
             if widths.outputs_classes:
                 return out
             if cfg.norm:
-                out = self.rms_norm(out, widths.index)
+                out = self.rms_norm(out, f"layer{widths.index}_gain")
             out = torch.relu(out)
             if self.training and cfg.dropout > 0:
                 out = self._dropout(out, vertex_ids, step, widths.index, cfg.dropout)
-            hidden = out + hidden if widths.residual else out
+            if widths.residual:
+                out = out + (aggregated if cfg.residual_from == "aggregated" else hidden)
+            hidden = out
+        if cfg.final_norm:
+            hidden = self.rms_norm(hidden, "final_gain")
         return hidden @ self.params["head"]

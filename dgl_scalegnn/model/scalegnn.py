@@ -8,7 +8,9 @@
     O = X_{h,L} W_{out}
 
 (without input projection :math:`X_{h,0} = X_S`; without head the last layer is
-:math:`O = \\tilde A_S X_{h,L-1} W_L`, no tail.)
+:math:`O = \\tilde A_S X_{h,L-1} W_L`, no tail; ``residual_from: aggregated`` adds
+:math:`\\tilde A_S X_{h,l-1}` instead of :math:`X_{h,l-1}`; ``final_norm`` gives
+:math:`O = \\mathrm{RMSNorm}(X_{h,L}) W_{out}`.)
 
 Input features arrive in state ``(x, z, y)``; the projection gives ``(x, y, z)``; layer
 ``l`` maps ``(r, c, o)`` to ``(o, r, c)`` and reads the adjacency shard of plane
@@ -102,7 +104,7 @@ class ParallelScaleGNN(nn.Module):
                 layer_widths(cfg, in_features, num_classes), layer_layouts(cfg.layers)
             )
         )
-        self.head = Head(num_classes, shards, runtime, seed) if cfg.head else None
+        self.head = Head(cfg, num_classes, shards, runtime, seed) if cfg.head else None
 
     def sharded_state_dict(self) -> dict[str, nn.Parameter]:
         """Every parameter by its schedule name; ``param.shard`` gives its global shape
@@ -115,6 +117,8 @@ class ParallelScaleGNN(nn.Module):
             if layer.gain is not None:
                 params[f"layer{layer.index}_gain"] = layer.gain
         if self.head is not None:
+            if self.head.gain is not None:
+                params["final_gain"] = self.head.gain
             params["head"] = self.head.weight
         return params
 
@@ -141,7 +145,7 @@ class ParallelScaleGNN(nn.Module):
             needs_dx = widths.index > 0 or cfg.input_projection
             costs += GCNLayer.cost(layout, widths, cfg, sizes, needs_dx)
         if cfg.head:
-            costs += Head.cost(layouts[-1], cfg.hidden, num_classes, sizes)
+            costs += Head.cost(layouts[-1], cfg, num_classes, sizes)
         return costs
 
     @torch.no_grad()

@@ -1,5 +1,5 @@
-"""RMSNorm's statistics under 3D PMM: row sums of squares over the column group,
-and the gain's gradient completed over the row group.
+"""RMSNorm under 3D PMM: row sums of squares over the column group, the gain's gradient
+completed over the row group, and the norm itself where no fused tail follows it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from dgl_scalegnn.distributed.comm import Runtime, all_reduce
 from dgl_scalegnn.parallel.elementwise import row_blocks
 from dgl_scalegnn.parallel.partition import ShardSpec
 
-__all__ = ["sum_of_squares", "sum_of_squares_cost", "reduce_grad", "reduce_grad_cost"]
+__all__ = [
+    "sum_of_squares",
+    "sum_of_squares_cost",
+    "reduce_grad",
+    "reduce_grad_cost",
+    "rms_norm",
+    "rms_norm_cost",
+]
 
 
 class _SumOfSquaresFn(torch.autograd.Function):
@@ -86,3 +93,32 @@ def reduce_grad_cost(axis: Axis, elements: float) -> list[CollectiveCost]:
     """Collective of :func:`reduce_grad` for a tensor of ``elements``: one float32
     all-reduce over ``axis`` in backward."""
     return [CollectiveCost(axis, elements)]
+
+
+def rms_norm(
+    x: torch.Tensor, gain: torch.Tensor, spec: ShardSpec, eps: float, runtime: Runtime
+) -> torch.Tensor:
+    """:math:`x_i (\\lVert x_i \\rVert^2 / d + \\epsilon)^{-1/2} \\odot \\gamma` for every
+    row of a shard in state ``(a, b, e)``: global row statistics over ``b``, the gain
+    ``(cols,)`` (this rank's columns) with its gradient completed over ``a``.
+
+    >>> from dgl_scalegnn.core.layout import INPUT_LAYOUT
+    >>> from dgl_scalegnn.parallel.partition import RowPartition
+    >>> runtime = Runtime.single_process()
+    >>> x = torch.tensor([[3.0, 4.0]])
+    >>> rows = RowPartition.of(torch.arange(1), 1, runtime.grid.shape)
+    >>> spec = ShardSpec(INPUT_LAYOUT, rows, 2)
+    >>> rms_norm(x, torch.ones(2), spec, 0.0, runtime)
+    tensor([[0.8485, 1.1314]])
+    """
+    square_sum = sum_of_squares(x, spec, runtime)
+    gain = reduce_grad(gain, spec.layout.rows, runtime)
+    with runtime.profiler.region("elementwise"):
+        return x * torch.rsqrt(square_sum / spec.num_cols + eps).to(x.dtype) * gain
+
+
+def rms_norm_cost(layout: Layout, width: int, sizes: LocalSizes) -> list[CollectiveCost]:
+    """Collectives of :func:`rms_norm` and its backward on ``layout`` rows of ``width``."""
+    return sum_of_squares_cost(layout, sizes) + reduce_grad_cost(
+        layout.rows, sizes.cols(width, layout.cols)
+    )
