@@ -188,15 +188,27 @@ class GCNLayer(nn.Module):
         adjacency: LocalSpMM,
         step: int,
         residual_input: torch.Tensor | None = None,
+        input_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ShardSpec]:
         """``x`` in ``spec`` (layout ``self.layout``) -> the layer's output and its spec.
 
         ``adjacency`` is the local block of :attr:`plane` for the output rows ``spec``
         names; ``residual_input`` the rows of the layer input that the output rows add
-        (``x`` itself unless the output covers only some rows of ``x``).
+        (``x`` itself unless the output covers only some rows of ``x``). With
+        ``input_weight`` (one TP rank only, where every layout is the whole matrix) ``x``
+        is the features and the layer input is ``x @ input_weight``, aggregated as
+        :math:`(\\tilde A X) W_{in}` so that the projected features are never whole.
         """
         cfg, runtime, widths = self.cfg, self.runtime, self.widths
         aggregated, aggregated_spec = parallel_spmm(x, adjacency, spec, runtime)
+        if input_weight is not None:
+            if runtime.grid.shape.tp_size != 1:
+                raise ValueError("input_weight folds the projection on one TP rank only")
+            with runtime.profiler.region("gemm"):
+                aggregated = aggregated @ input_weight
+            aggregated_spec = aggregated_spec.with_layout(
+                aggregated_spec.layout, input_weight.shape[1]
+            )
         hidden, out_spec = parallel_linear(
             aggregated, self.weight, aggregated_spec, widths.width_out, runtime
         )
@@ -211,7 +223,8 @@ class GCNLayer(nn.Module):
             residual = redistribute(aggregated, aggregated_spec, out_spec.layout, runtime)
         elif widths.residual:
             layer_input = x if residual_input is None else residual_input
-            residual = redistribute(layer_input, spec, out_spec.layout, runtime)
+            input_spec = spec.with_layout(spec.layout, widths.width_in)
+            residual = redistribute(layer_input, input_spec, out_spec.layout, runtime)
         col_start, _ = out_spec.col_range(grid.shape, grid.coords)
         rows = out_spec.layout.rows
         with runtime.profiler.region("elementwise"):

@@ -158,7 +158,10 @@ class ParallelScaleGNN(nn.Module):
         layer's output rows at a time and multiplying by the resident CSR blocks
         (:mod:`~dgl_scalegnn.sampling.full_graph`): the only full-size buffers are a
         layer's input and output. The head runs on each chunk of the last layer's output,
-        so the last hidden matrix is never whole.
+        so the last hidden matrix is never whole. On one TP rank, where every layout is the
+        whole matrix, the first layer reads the features themselves (no copy) and applies
+        the input projection after its aggregation, :math:`(\\tilde A X) W_{in}`: the
+        projected features are never whole, and the SpMM reads :math:`d_{in}` columns.
         """
         if self.training:
             raise RuntimeError("forward_full_graph evaluates: call model.eval() first")
@@ -168,18 +171,25 @@ class ParallelScaleGNN(nn.Module):
             features = graph.features[chunk.start : chunk.stop]
             return self.input_layer(features, chunk_spec, EVAL_STEP)[0]
 
-        width = self.cfg.hidden if self.cfg.input_projection else self.in_features
+        one_tp_rank = self.runtime.grid.shape.tp_size == 1
+        fold = one_tp_rank and self.cfg.input_projection and bool(self.layers)
+        projected = self.cfg.input_projection and not fold
+        width = self.cfg.hidden if projected else self.in_features
         spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, width)
-        if self.cfg.input_projection or self.runtime.grid.shape.tp_size > 1:
+        if one_tp_rank and not projected:
+            hidden = graph.features  # every layout is the whole matrix: no copy
+        else:
             hidden = self._by_row_chunks(spec, chunk_rows, graph.features.dtype, project)
-        else:  # on one rank every layout is the whole matrix: no copy of the features
-            hidden = graph.features
         if not self.layers:
             return self.head(hidden, spec)
+        input_weight = self.input_layer.weight if fold else None
         for layer in self.layers:
             head = self.head if layer is self.layers[-1] else None
             # the layer's input is freed once its output is complete
-            hidden, spec = self._full_graph_layer(graph, layer, hidden, spec, chunk_rows, head)
+            hidden, spec = self._full_graph_layer(
+                graph, layer, hidden, spec, chunk_rows, head, input_weight
+            )
+            input_weight = None
         return hidden, spec
 
     def _full_graph_layer(
@@ -190,21 +200,28 @@ class ParallelScaleGNN(nn.Module):
         spec: ShardSpec,
         chunk_rows: int,
         head: Head | None,
+        input_weight: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ShardSpec]:
         """``layer`` (then ``head``, if given) on the whole graph, one chunk of output
-        rows at a time."""
+        rows at a time; with ``input_weight`` the layer input is ``layer_input @
+        input_weight`` (see :meth:`GCNLayer.forward`)."""
         coords = self.runtime.grid.coords
         layout = spec.layout
         block = graph.blocks[layer.plane]
         input_start = graph.rows.range(layout.rows, coords.along(layout.rows))[0]
+        residual_of_input = layer.widths.residual and self.cfg.residual_from == "input"
 
         def compute(chunk: RowChunk) -> torch.Tensor:
             # The SpMM reads every input row; the spec only carries the layout and names
             # the chunk's rows, which the output keeps.
             input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
             chunk_input = chunk.rows_of(layer_input, layout.rows, coords, input_start)
+            if input_weight is not None and residual_of_input:
+                chunk_input = chunk_input @ input_weight
             adjacency = CSRRows(block, chunk.start, chunk.stop)
-            out, out_spec = layer(layer_input, input_spec, adjacency, EVAL_STEP, chunk_input)
+            out, out_spec = layer(
+                layer_input, input_spec, adjacency, EVAL_STEP, chunk_input, input_weight
+            )
             return out if head is None else head(out, out_spec)[0]
 
         out_spec = spec.with_layout(layout.after_gcn_layer(), layer.widths.width_out)
