@@ -6,8 +6,9 @@ products-like one), six methods train for the same budget of training seconds
 
 ``dgl_scalegnn, 1 process`` and ``dgl_scalegnn, 1x2x2x2``
     ``scalegnn train`` (one process; eight ranks through ``mpirun``) from a
-    ``scalegnn prepare`` directory, with the preset's config (the GCN stack, 2 layers,
-    hidden 128, prefetch on; B and dropout from its sweep) and ``train.eval_every_steps``.
+    ``scalegnn prepare`` directory, with the preset's config (the paper's model with the
+    aggregated residual and the final norm, 2 layers, hidden 128, prefetch on; B and
+    dropout from its sweep) and ``train.eval_every_steps``.
     ``train.max_steps`` turns the time budget into steps, with the first step's
     seconds (one-off warm-up) and the later steps' measured in the sweep; the engine's
     own training time, warm-up included, is what the report uses.
