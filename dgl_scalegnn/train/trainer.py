@@ -37,6 +37,7 @@ from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import sample_vertices
 from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from dgl_scalegnn.train.heap import release_free_heap
 from dgl_scalegnn.train.metrics import MetricsWriter
 
 __all__ = ["Trainer", "NonFiniteError", "peak_rss_mb"]
@@ -235,6 +236,8 @@ class Trainer:
         graph = self.store.full_graph()
         logits, spec = self.model.forward_full_graph(graph)
         counts = self.objective.counts(logits, spec, graph)
+        del logits
+        release_free_heap()  # the evaluation's row chunks, else the next one grows the heap
         return {f"{split}_acc": c / max(total, 1.0) for split, (c, total) in counts.items()}
 
     # ----------------------------------------------------------------- the loop
