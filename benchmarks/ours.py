@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "residual": True,
     "input_projection": True,
     "head": True,
+    "residual_from": "input",
+    "final_norm": False,
     "batch_size": 4096,
     "lr": 0.01,
     "weight_decay": 0.0,
@@ -55,6 +57,8 @@ class ScaleGNNPeer:
             "norm",
             "residual",
             "input_projection",
+            "residual_from",
+            "final_norm",
             "head",
         )
         cfg = config_from_mapping(

@@ -39,7 +39,16 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
         "model.dropout": cfg.model.dropout,
         "sampling.batch_size": cfg.sampling.batch_size,
     }
-    assert (cfg.model.layers, cfg.model.norm, cfg.model.residual) == (2, True, False)
+    # the paper's model with the aggregated residual and the final norm
+    model = cfg.model
+    assert (model.layers, model.norm, model.residual, model.input_projection, model.head) == (
+        2,
+        True,
+        True,
+        True,
+        True,
+    )
+    assert (model.residual_from, model.final_norm) == ("aggregated", True)
 
 
 def test_products_size_config_is_the_preset_at_ogbn_products_size() -> None:
