@@ -8,9 +8,10 @@ evaluation time per round and the set-up time. The target is ``--target`` or, by
 default, a reachable one: 97% of the lower of the two methods' mean test accuracies,
 rounded down to a hundredth. Results go to ``benchmarks/results/baselines_<dataset>.json``.
 
-Run ``python -m benchmarks.baselines.run_peers --dataset cora`` (``--dataset synthetic``
-for the default :class:`~dgl_scalegnn.config.SyntheticConfig` graph; ``--quick`` for a
-one-setting smoke run).
+Run ``python -m benchmarks.baselines.run_peers --dataset cora`` (``citeseer`` and ``pubmed``
+with Cora's settings; ``--dataset synthetic`` for the default
+:class:`~dgl_scalegnn.config.SyntheticConfig` graph; ``--quick`` for a one-setting smoke
+run).
 """
 
 from __future__ import annotations
@@ -41,8 +42,12 @@ METHODS: dict[str, training.Method] = {
     "graphsage": graphsage.PEER,
 }
 
-#: Epochs per dataset (Cora: as yaml/cora.yaml, also the horizon of its cosine schedule).
-EPOCHS = {"cora": 200, "synthetic": 30}
+#: The Planetoid graphs: Citeseer and PubMed run with Cora's settings unchanged, as
+#: Kipf & Welling train all three with one setting.
+PLANETOID = ("cora", "citeseer", "pubmed")
+
+#: Epochs per dataset (Planetoid: as yaml/cora.yaml, also the horizon of its cosine schedule).
+EPOCHS = {**{name: 200 for name in PLANETOID}, "synthetic": 30}
 
 #: Grids per (method, dataset); the first entry alone in ``--quick`` mode.
 GRIDS: dict[tuple[str, str], list[dict[str, Any]]] = {
@@ -108,10 +113,17 @@ GRIDS: dict[tuple[str, str], list[dict[str, Any]]] = {
         {"batch_size": bs, "lr": lr} for bs in (512, 1024) for lr in (0.003, 0.01)
     ],
 }
+GRIDS.update(
+    {
+        (method, name): GRIDS[(method, "cora")]
+        for method in ("scalegnn", "graphsaint", "graphsage")
+        for name in PLANETOID[1:]
+    }
+)
 
 
 def load(name: str, root: str | None = None) -> NodeDataset:
-    """``cora`` (the public Planetoid split) or ``synthetic`` (default config)."""
+    """A Planetoid graph (the public split) or ``synthetic`` (default config)."""
     if name == "synthetic":
         return generate(SyntheticConfig())
     os.environ.setdefault("SCALEGNN_CACHE_DIR", tempfile.mkdtemp(prefix="scalegnn-cache-"))
@@ -184,7 +196,7 @@ def _format(report: Mapping[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dataset", default="cora", choices=("cora", "synthetic"))
+    parser.add_argument("--dataset", default="cora", choices=(*PLANETOID, "synthetic"))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=None)
