@@ -37,7 +37,7 @@ from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import sample_vertices
 from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from dgl_scalegnn.train.heap import release_free_heap
+from dgl_scalegnn.train.heap import release_free_heap, return_freed_heap, reuse_freed_heap
 from dgl_scalegnn.train.metrics import MetricsWriter
 
 __all__ = ["Trainer", "NonFiniteError", "peak_rss_mb"]
@@ -248,6 +248,7 @@ class Trainer:
         reached = False
         if cfg.sampling.prefetch:
             self._prefetcher = Prefetcher(self.sample, self.runtime.profiler, self.device)
+        reuse_freed_heap()  # a step's large blocks stay for the next step
         try:
             while progress.epoch < cfg.train.epochs and not reached:
                 reached = self._run_epoch(bar)
@@ -256,6 +257,8 @@ class Trainer:
             if cfg.train.eval_every_steps and progress.evaluated_step != progress.global_step:
                 self._evaluate_and_record()  # the last step is always evaluated
         finally:
+            return_freed_heap()
+            release_free_heap()
             if bar is not None:
                 bar.close()
             if self._prefetcher is not None:
@@ -338,7 +341,10 @@ class Trainer:
     def _evaluate_and_record(self) -> bool:
         cfg, progress = self.cfg, self.progress
         start = time.perf_counter()
+        return_freed_heap()  # what training kept goes back before the evaluation's peak
+        release_free_heap()
         accuracy = self.evaluate()
+        reuse_freed_heap()
         eval_seconds = time.perf_counter() - start
         if accuracy["val_acc"] > progress.best_val:
             progress.best_val, progress.test_at_best_val = accuracy["val_acc"], accuracy["test_acc"]
