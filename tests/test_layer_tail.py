@@ -2,7 +2,8 @@
 
 The hash is checked bit for bit against a NumPy ``uint32`` reference (torch's int32
 arithmetic must wrap as two's complement), the mask's statistics against the binomial
-law, and the tail's values and gradients (eager and compiled) against plain autograd.
+law, and the tail's values and gradients (eager and compiled) and the final RMSNorm's
+against plain autograd.
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+from dgl_scalegnn.core.layout import INPUT_LAYOUT
 from dgl_scalegnn.core.seeds import mix_seed
+from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.parallel import elementwise
 from dgl_scalegnn.parallel.dropout_hash import dropout_mask, hash32
 from dgl_scalegnn.parallel.elementwise import LayerTail
+from dgl_scalegnn.parallel.norm import rms_norm
+from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 
 MIX = np.uint32(0x45D9F3B)
 
@@ -160,3 +165,26 @@ def test_a_backward_compile_failure_falls_back_to_eager(monkeypatch):
     assert not tail.fused
     keep = dropout_mask(1, torch.arange(7), 0, 4, 0.5)
     torch.testing.assert_close(x.grad, ((x > 0) & keep).float() * 2)
+
+
+@pytest.mark.parametrize("blocks", ["one block", "blocks of 4 rows"])
+def test_rms_norm_values_and_gradients_match_autograd(monkeypatch, blocks):
+    if blocks == "blocks of 4 rows":
+        monkeypatch.setattr(elementwise, "_BLOCK_ELEMENTS", 24)
+    rows, cols, eps = 29, 6, 1e-6
+    runtime = Runtime.single_process()
+    spec = ShardSpec(INPUT_LAYOUT, RowPartition.of(torch.arange(rows), 1, runtime.grid.shape), cols)
+    weights = torch.linspace(-1, 1, rows * cols, dtype=torch.float64).view(rows, cols)
+    results = []
+    for fused in (False, True):
+        generator = torch.Generator().manual_seed(6)
+        x = torch.randn(rows, cols, dtype=torch.float64, generator=generator).requires_grad_()
+        gain = torch.randn(cols, dtype=torch.float64, generator=generator).requires_grad_()
+        if fused:
+            y = rms_norm(x, gain, spec, eps, runtime)
+        else:
+            y = x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + eps) * gain
+        (y * weights).sum().backward()
+        results.append([y.detach(), x.grad, gain.grad])
+    for expected, got in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)

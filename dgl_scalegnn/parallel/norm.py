@@ -1,5 +1,7 @@
 """RMSNorm under 3D PMM: row sums of squares over the column group, the gain's gradient
-completed over the row group, and the norm itself where no fused tail follows it.
+completed over the row group, and the norm itself where no fused tail follows it (one
+autograd function run block of rows by block of rows: forward writes its output once,
+backward reads the gradient and the input once).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dgl_scalegnn.core.layout import Axis, Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
 from dgl_scalegnn.parallel.elementwise import row_blocks
 from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.profiling import Profiler
 
 __all__ = [
     "sum_of_squares",
@@ -95,6 +98,49 @@ def reduce_grad_cost(axis: Axis, elements: float) -> list[CollectiveCost]:
     return [CollectiveCost(axis, elements)]
 
 
+class _ScaleRowsFn(torch.autograd.Function):
+    """:math:`y = x \\, r \\odot \\gamma` with :math:`r = (s / d + \\epsilon)^{-1/2}` from the
+    row sums of squares :math:`s`; backward gives the gradients of :math:`x` (through
+    :math:`y` only), :math:`s` and :math:`\\gamma` (this rank's rows)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        square_sum: torch.Tensor,
+        gain: torch.Tensor,
+        width: int,
+        eps: float,
+        profiler: Profiler,
+    ):
+        with profiler.region("elementwise"):
+            inv_rms = torch.rsqrt(square_sum / width + eps).to(x.dtype)
+            y = torch.empty_like(x)
+            for rows in row_blocks(x):
+                torch.mul(x[rows], inv_rms[rows], out=y[rows]).mul_(gain)
+        ctx.save_for_backward(x, inv_rms, gain)
+        ctx.width, ctx.profiler, ctx.statistics_dtype = width, profiler, square_sum.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        x, inv_rms, gain = ctx.saved_tensors
+        grad = grad.contiguous()
+        with ctx.profiler.region("elementwise"):
+            grad_x = torch.empty_like(grad)
+            grad_square_sum = torch.empty_like(inv_rms, dtype=ctx.statistics_dtype)
+            grad_gain = torch.zeros_like(gain)
+            for rows in row_blocks(grad):
+                x_rows, inv_rows = x[rows], inv_rms[rows]
+                grad_gain += (grad[rows] * (x_rows * inv_rows)).sum(0)
+                scaled = grad[rows] * gain
+                # dL/dr = sum_j grad_j gain_j x_j; dr/ds = -r^3 / (2 d)
+                row_dot = (scaled * x_rows).sum(1, keepdim=True)
+                grad_square_sum[rows] = row_dot * inv_rows.pow(3) * (-0.5 / ctx.width)
+                torch.mul(scaled, inv_rows, out=grad_x[rows])
+        return grad_x, grad_square_sum, grad_gain, None, None, None
+
+
 def rms_norm(
     x: torch.Tensor, gain: torch.Tensor, spec: ShardSpec, eps: float, runtime: Runtime
 ) -> torch.Tensor:
@@ -113,8 +159,7 @@ def rms_norm(
     """
     square_sum = sum_of_squares(x, spec, runtime)
     gain = reduce_grad(gain, spec.layout.rows, runtime)
-    with runtime.profiler.region("elementwise"):
-        return x * torch.rsqrt(square_sum / spec.num_cols + eps).to(x.dtype) * gain
+    return _ScaleRowsFn.apply(x, square_sum, gain, spec.num_cols, eps, runtime.profiler)
 
 
 def rms_norm_cost(layout: Layout, width: int, sizes: LocalSizes) -> list[CollectiveCost]:
