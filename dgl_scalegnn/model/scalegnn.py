@@ -36,10 +36,10 @@ from dgl_scalegnn.parallel.elementwise import LayerTail
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.full_graph import (
-    DEFAULT_CHUNK_ROWS,
     CSRRows,
     FullGraph,
     RowChunk,
+    default_chunk_rows,
     row_chunks,
 )
 
@@ -150,9 +150,10 @@ class ParallelScaleGNN(nn.Module):
 
     @torch.no_grad()
     def forward_full_graph(
-        self, graph: FullGraph, chunk_rows: int = DEFAULT_CHUNK_ROWS
+        self, graph: FullGraph, chunk_rows: int | None = None
     ) -> tuple[torch.Tensor, ShardSpec]:
-        """Logits of every vertex, layer by layer in chunks of ``chunk_rows`` output rows.
+        """Logits of every vertex, layer by layer in chunks of ``chunk_rows`` output rows
+        per rank (by default :func:`~dgl_scalegnn.sampling.full_graph.default_chunk_rows`).
 
         The layers of :meth:`forward` in evaluation mode, applied to one chunk of a
         layer's output rows at a time and multiplying by the resident CSR blocks
@@ -165,6 +166,8 @@ class ParallelScaleGNN(nn.Module):
         """
         if self.training:
             raise RuntimeError("forward_full_graph evaluates: call model.eval() first")
+        if chunk_rows is None:
+            chunk_rows = default_chunk_rows(self.runtime.grid.shape.tp_size)
 
         def project(chunk: RowChunk) -> torch.Tensor:
             chunk_spec = ShardSpec(INPUT_LAYOUT, chunk.rows, self.in_features)

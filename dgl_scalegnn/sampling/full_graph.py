@@ -34,10 +34,32 @@ from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import csr_tensor
 from dgl_scalegnn.sampling.blocks import CSRBlock
 
-__all__ = ["FullGraph", "RowChunk", "CSRRows", "row_chunks", "DEFAULT_CHUNK_ROWS"]
+__all__ = [
+    "FullGraph",
+    "RowChunk",
+    "CSRRows",
+    "row_chunks",
+    "DEFAULT_CHUNK_ROWS",
+    "default_chunk_rows",
+]
 
-#: Output rows per chunk and rank: 64Ki rows of width 128 are 32 MB of float32.
+#: Output rows per chunk on one process: 64Ki rows of width 128 are 32 MB of float32.
 DEFAULT_CHUNK_ROWS = 65536
+
+
+def default_chunk_rows(tp_size: int) -> int:
+    """Output rows per chunk and rank on ``tp_size`` tensor-parallel ranks:
+    :data:`DEFAULT_CHUNK_ROWS` shared out among them (at least 1024).
+
+    A rank's share of the graph shrinks with ``tp_size`` but its fixed cost (the
+    interpreter, torch and DGL: about 384 MB) does not, so the chunk's temporaries shrink
+    too: on 1x2x2x2 with the 1M sparse graph, 8192 rows per rank kept every rank's peak
+    at 0.95-0.99 GB against 1.14-1.27 GB with 65536, for an evaluation 10-15% slower.
+
+    >>> default_chunk_rows(1), default_chunk_rows(8), default_chunk_rows(512)
+    (65536, 8192, 1024)
+    """
+    return max(1024, DEFAULT_CHUNK_ROWS // tp_size)
 
 
 @dataclass(frozen=True)
