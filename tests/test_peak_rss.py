@@ -53,7 +53,7 @@ def test_release_free_heap_returns_what_a_thread_freed() -> None:
 
 
 # A fresh interpreter, so the switch does not change the heap of the test process.
-_LAST_STEP_FAULTS = """
+_STEP_FAULTS = """
 import resource, sys, torch
 from dgl_scalegnn.train.heap import return_freed_heap, reuse_freed_heap
 assert (reuse_freed_heap if sys.argv[1] == "reuse" else return_freed_heap)()
@@ -68,16 +68,17 @@ def step() -> None:
 for _ in range(5):  # warm-up: the heap grows to a step's working set
     step()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-step()
+for _ in range(5):
+    step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _faults_of_a_step(mode: str) -> int:
+def _faults_of_five_steps(mode: str) -> int:
     # 4 KiB pages: torch's huge-page option (which the CLI turns on, also in this
     # process when a test ran it) would count one fault per 2 MiB instead.
     child = subprocess.run(
-        [sys.executable, "-c", _LAST_STEP_FAULTS, mode],
+        [sys.executable, "-c", _STEP_FAULTS, mode],
         capture_output=True,
         text=True,
         check=True,
@@ -86,11 +87,12 @@ def _faults_of_a_step(mode: str) -> int:
     return int(child.stdout)
 
 
-def test_reuse_freed_heap_serves_a_step_without_page_faults() -> None:
+def test_reuse_freed_heap_serves_steps_without_page_faults() -> None:
     """With glibc's default each 51 MB block of a step is a fresh mapping that faults in
     page by page; after :func:`reuse_freed_heap` a step reuses the pages the last one
-    freed."""
-    mapped = _faults_of_a_step("return")
-    reused = _faults_of_a_step("reuse")
-    assert mapped >= 13_000, mapped  # at least one 51 MB block in 4 KiB pages
-    assert reused * 20 < mapped, (reused, mapped)
+    freed (all of them as a rule; now and then one block misses, since torch's aligned
+    allocations ask for a little more than a freed block holds)."""
+    mapped = _faults_of_five_steps("return")
+    reused = _faults_of_five_steps("reuse")
+    assert mapped >= 5 * 13_000, mapped  # three 51 MB blocks a step, in 4 KiB pages
+    assert reused * 5 < mapped, (reused, mapped)
