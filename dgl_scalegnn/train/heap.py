@@ -8,11 +8,11 @@ step, most of it counted in the element-wise tail, which touches its outputs fir
 :func:`reuse_freed_heap` (training) serves them from the heap instead and keeps what a
 step frees for the next one; :func:`return_freed_heap` (evaluation, and the checkpoints'
 and the summary's quiet phases) restores glibc's default, so an evaluation's row chunks
-are unmapped when freed. :func:`release_free_heap` gives back what the heap holds free,
-also in the arenas of other threads (an evaluation allocates from the main loop, the
-prefetcher and the communication threads; without it the resident set grew from one
-evaluation to the next: 1x2x2x2 on the 1M sparse graph, 1.27 GB peak after one
-evaluation, 2.06 GB after six).
+are unmapped when freed, and gives back what training kept. :func:`release_free_heap`
+gives back what the heap holds free, also in the arenas of other threads (an evaluation
+allocates from the main loop, the prefetcher and the communication threads; without it
+the resident set grew from one evaluation to the next: 1x2x2x2 on the 1M sparse graph,
+1.27 GB peak after one evaluation, 2.06 GB after six).
 
 Elsewhere than glibc (musl, macOS, Windows) every function does nothing and says so by
 returning ``False``.
@@ -76,14 +76,17 @@ def reuse_freed_heap(trim_threshold: int = TRAINING_TRIM_THRESHOLD) -> bool:
 
 
 def return_freed_heap() -> bool:
-    """glibc's default: large blocks are mapped on their own and unmapped when freed."""
-    return _mallopt(
+    """glibc's default again (large blocks mapped on their own and unmapped when freed),
+    and what the heap kept free given back (:func:`release_free_heap`)."""
+    restored = _mallopt(
         {
             _M_MMAP_MAX: _DEFAULT_MMAP_MAX,
             _M_MMAP_THRESHOLD: _MAPPED_ABOVE,
             _M_TRIM_THRESHOLD: 2 * _MAPPED_ABOVE,
         }
     )
+    release_free_heap()
+    return restored
 
 
 def release_free_heap() -> bool:

@@ -258,7 +258,6 @@ class Trainer:
                 self._evaluate_and_record()  # the last step is always evaluated
         finally:
             return_freed_heap()
-            release_free_heap()
             if bar is not None:
                 bar.close()
             if self._prefetcher is not None:
@@ -342,7 +341,6 @@ class Trainer:
         cfg, progress = self.cfg, self.progress
         start = time.perf_counter()
         return_freed_heap()  # what training kept goes back before the evaluation's peak
-        release_free_heap()
         accuracy = self.evaluate()
         reuse_freed_heap()
         eval_seconds = time.perf_counter() - start
