@@ -33,6 +33,7 @@ __all__ = [
     "tail_backward",
     "tail_forward_blocked",
     "tail_backward_blocked",
+    "rms_scale_backward",
     "LayerTail",
     "row_blocks",
 ]
@@ -130,10 +131,32 @@ def tail_backward(
     masked = torch.mul(grad, live, out=out)  # live: 0/1 bytes
     if inv_rms is None:
         return (masked.mul_(scale) if rate > 0 else masked), None, None
-    gx = masked * x
-    grad_gain = (inv_rms.reshape(1, -1) @ gx).reshape(-1) * scale
-    grad_square_sum = (gx @ (gain * scale)).reshape(-1, 1) * inv_rms.pow(3) * (-0.5 / width)
-    grad_x = masked.mul_(gain * scale).mul_(inv_rms)
+    # the dropout scale enters as part of the gain; its gradient is the gain's times scale
+    grad_x, grad_square_sum, grad_scaled_gain = rms_scale_backward(
+        masked, x, inv_rms, gain * scale, width, out=masked
+    )
+    return grad_x, grad_square_sum, grad_scaled_gain * scale
+
+
+def rms_scale_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    inv_rms: torch.Tensor,
+    gain: torch.Tensor,
+    width: int,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :math:`y = x\\, r \\odot \\gamma`, :math:`r = (s / d + \\epsilon)^{-1/2}`,
+    given that of ``y``: of ``x`` (through ``y`` only), of the square sums ``s`` and of
+    the gain, :math:`\\partial x = g \\gamma r`, :math:`\\partial \\gamma = \\sum_{rows} g x r`,
+    :math:`\\partial s = -\\frac{r^3}{2d} \\sum_{cols} g \\gamma x`; the row and column
+    sums are matrix-vector products. ``out`` (which may be ``grad``) receives the
+    gradient of ``x``.
+    """
+    gx = grad * x
+    grad_gain = (inv_rms.reshape(1, -1) @ gx).reshape(-1)
+    grad_square_sum = (gx @ gain).reshape(-1, 1) * inv_rms.pow(3) * (-0.5 / width)
+    grad_x = torch.mul(grad, gain, out=out).mul_(inv_rms)
     return grad_x, grad_square_sum, grad_gain
 
 

@@ -13,7 +13,7 @@ import torch
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Axis, Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
-from dgl_scalegnn.parallel.elementwise import row_blocks
+from dgl_scalegnn.parallel.elementwise import rms_scale_backward, row_blocks
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.profiling import Profiler
 
@@ -131,13 +131,10 @@ class _ScaleRowsFn(torch.autograd.Function):
             grad_square_sum = torch.empty_like(inv_rms, dtype=ctx.statistics_dtype)
             grad_gain = torch.zeros_like(gain)
             for rows in row_blocks(grad):
-                x_rows, inv_rows = x[rows], inv_rms[rows]
-                grad_gain += (grad[rows] * (x_rows * inv_rows)).sum(0)
-                scaled = grad[rows] * gain
-                # dL/dr = sum_j grad_j gain_j x_j; dr/ds = -r^3 / (2 d)
-                row_dot = (scaled * x_rows).sum(1, keepdim=True)
-                grad_square_sum[rows] = row_dot * inv_rows.pow(3) * (-0.5 / ctx.width)
-                torch.mul(scaled, inv_rows, out=grad_x[rows])
+                _, grad_square_sum[rows], grad_gain_rows = rms_scale_backward(
+                    grad[rows], x[rows], inv_rms[rows], gain, ctx.width, out=grad_x[rows]
+                )
+                grad_gain += grad_gain_rows
         return grad_x, grad_square_sum, grad_gain, None, None, None
 
 
