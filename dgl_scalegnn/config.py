@@ -174,6 +174,7 @@ class ParallelConfig:
     bf16_comm: bool = False
     overlap: bool = False
     fuse: bool = False
+    native_kernels: bool = True
     spmm_kernel: str = "auto"
 
 

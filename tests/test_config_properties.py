@@ -71,6 +71,7 @@ VALID = {
     "parallel.overlap": st.booleans(),
     "parallel.bf16_comm": st.booleans(),
     "parallel.fuse": st.booleans(),
+    "parallel.native_kernels": st.booleans(),
     "parallel.spmm_kernel": st.sampled_from(["auto", "torch-csr", "dgl-scaled"]),
     "parallel.timeout_s": st.floats(1, 600),
     "optim.lr": st.floats(1e-4, 1),

@@ -17,7 +17,7 @@ from dgl_scalegnn.core.seeds import mix_seed
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.parallel import elementwise
 from dgl_scalegnn.parallel.dropout_hash import dropout_mask, hash32
-from dgl_scalegnn.parallel.elementwise import LayerTail
+from dgl_scalegnn.parallel.elementwise import LayerTail, LocalRows
 from dgl_scalegnn.parallel.norm import rms_norm
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 
@@ -67,8 +67,8 @@ def test_mask_matches_the_uint32_reference_eager_and_compiled(fuse):
         x,
         None,
         None,
-        None,
         torch.from_numpy(rows),
+        statistics=None,
         key=key,
         col_start=40,
         width=24,
@@ -108,6 +108,20 @@ def test_mask_keeps_each_element_with_probability_one_minus_rate_independently()
         assert abs(agreement - expected) < 5 * np.sqrt(expected * (1 - expected) / n)
 
 
+class MirroredColumns:
+    """Another rank holds a copy of these columns (inputs, gain, gradient): the sums over
+    the global columns are twice the local ones, in forward and in backward."""
+
+    local = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return partial * 2
+
+
 def _tail_by_autograd(x, square_sum, gain, residual, keep, width, eps, rate):
     if square_sum is not None:
         x = x * torch.rsqrt(square_sum / width + eps) * gain
@@ -116,35 +130,42 @@ def _tail_by_autograd(x, square_sum, gain, residual, keep, width, eps, rate):
 
 
 @pytest.mark.parametrize("kernels", ["eager", "eager in blocks of 4 rows", "compiled"])
-@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("norm", ["none", "local", "reduced"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_tail_values_and_gradients_match_autograd(monkeypatch, kernels, norm, residual):
+    """``reduced``: the square sums and their gradient pass an all-reduce (a mirrored
+    second half of the columns), so backward completes the gradient of ``x`` after it."""
     fuse = kernels == "compiled"
     if kernels == "eager in blocks of 4 rows":
         monkeypatch.setattr(elementwise, "_BLOCK_ELEMENTS", 24)
     generator = torch.Generator().manual_seed(4)
-    rows, cols, width, rate, eps = 29, 6, 12, 0.3, 1e-6
+    rows, cols, rate, eps = 29, 6, 0.3, 1e-6
+    width = 2 * cols if norm == "reduced" else cols
     ids = torch.randperm(500, generator=generator)[:rows]
     keep = dropout_mask(99, ids, 3, cols, rate).double()
+    statistics = MirroredColumns() if norm == "reduced" else LocalRows()
     results = []
     for tail in (None, LayerTail(fuse)):
         generator.manual_seed(5)  # the same inputs for the oracle and the tail
         x = torch.randn(rows, cols, dtype=torch.float64, generator=generator).requires_grad_()
         gain_leaf = torch.randn(cols, dtype=torch.float64, generator=generator).requires_grad_()
         res = torch.randn(rows, cols, dtype=torch.float64, generator=generator).requires_grad_()
-        square_sum = (x * x).sum(1, keepdim=True) * 2 if norm else None
-        gain = gain_leaf * 1 if norm else None
-        inputs = (x, square_sum, gain, res if residual else None)
+        gain = gain_leaf * 1 if norm != "none" else None
+        residual_input = res if residual else None
         if tail is None:
-            y = _tail_by_autograd(*inputs, keep, width, eps, rate)
+            square_sum = (x * x).sum(1, keepdim=True) * width / cols if gain is not None else None
+            y = _tail_by_autograd(x, square_sum, gain, residual_input, keep, width, eps, rate)
         else:
-            y = tail(*inputs, ids, key=99, col_start=3, width=width, eps=eps, rate=rate)
+            y = tail(x, gain, residual_input, ids, statistics=statistics, key=99, col_start=3,
+                     width=width, eps=eps, rate=rate)  # fmt: skip
         (
             y * torch.linspace(-1, 1, rows * cols, dtype=torch.float64).view(rows, cols)
         ).sum().backward()
         results.append([y.detach(), x.grad, gain_leaf.grad, res.grad])
         if tail is not None:
             assert tail.fused == fuse
+    if norm == "reduced":
+        assert statistics.calls == 2  # the square sums forward, their gradient backward
     for expected, got in zip(*results):
         if expected is None:
             assert got is None
@@ -160,7 +181,8 @@ def test_a_backward_compile_failure_falls_back_to_eager(monkeypatch):
 
     monkeypatch.setitem(tail._compiled, "backward", broken)
     x = torch.randn(7, 4, requires_grad=True)
-    y = tail(x, None, None, None, torch.arange(7), key=1, col_start=0, width=4, eps=0, rate=0.5)
+    y = tail(x, None, None, torch.arange(7), statistics=None, key=1, col_start=0, width=4, eps=0,
+             rate=0.5)  # fmt: skip
     y.sum().backward()  # forward ran compiled; backward falls back instead of raising
     assert not tail.fused
     keep = dropout_mask(1, torch.arange(7), 0, 4, 0.5)

@@ -2,8 +2,8 @@
 
 One group of ranks trains every variant from its config; the worker records what each
 switch did (:mod:`tests.workers.switch_losses`): the thread that built each batch, the
-asynchronous all-reduces in flight together, the compiled tail in each rank, and the
-dtype of every all-reduce."""
+asynchronous all-reduces in flight together, the compiled tail in each rank, the kernels
+the tail ran (native or eager), and the dtype of every all-reduce."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.parallel.elementwise import LayerTail
+from dgl_scalegnn.parallel.elementwise import LayerTail, LocalRows
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
@@ -36,6 +36,7 @@ VARIANTS = {
     "prefetch": {"sampling": {"prefetch": True}},
     "overlap": {"parallel": {"overlap": True}},
     "fuse": {"parallel": {"fuse": True}},
+    "eager": {"parallel": {"native_kernels": False}},
     "bf16": {"parallel": {"bf16_comm": True}},
     "all": {
         "sampling": {"prefetch": True},
@@ -50,15 +51,14 @@ def _warm_fusion_cache() -> None:
     tail = LayerTail(fuse=True)
     for rows in (37, 41):
         x = torch.randn(rows, 6, requires_grad=True)
-        square_sum = (x * x).sum(1, keepdim=True)
         gain = torch.ones(6, requires_grad=True).clone()  # a non-leaf, as in the model
         residual = torch.randn(rows, 6, requires_grad=True)
         tail(
             x,
-            square_sum,
             gain,
             residual,
             torch.arange(rows),
+            statistics=LocalRows(),
             key=7,
             col_start=3,
             width=24,
@@ -120,6 +120,13 @@ def test_switches_act_and_keep_the_step_losses(tmp_path):
         assert report["fuse"]["fused"] and report["all"]["fused"], rank
         assert not baseline["fused"]
 
+        # native kernels (the default): every tail kernel of the baseline ran native, the
+        # square sums' reduction between two of them (the grid splits the columns);
+        # switched off, every one ran eagerly
+        assert baseline["tail_calls"]["eager"] == 0 and baseline["tail_calls"]["native"] > 0, report
+        assert report["eager"]["tail_calls"]["native"] == 0
+        assert report["eager"]["tail_calls"]["eager"] == baseline["tail_calls"]["native"]
+
         # bf16: exactly the products' all-reduces travel as bfloat16; the norm
         # statistics, losses, gains, weight gradients and DP gradients stay float32
         plain, low = baseline["reduces"], report["bf16"]["reduces"]
@@ -134,12 +141,14 @@ def test_switches_act_and_keep_the_step_losses(tmp_path):
 
         for exact in ("prefetch", "overlap"):
             assert np.array_equal(losses[exact], losses["baseline"]), (rank, exact)
-        # The compiled tail computes the same operations; its vectorised rsqrt rounds
-        # differently in the last bit, so losses agree to float32 rounding, not bit for bit.
-        assert (
-            np.abs(losses["fuse"] - losses["baseline"]).max()
-            <= 1e-5 * np.abs(losses["baseline"]).max()
-        )
+        # The compiled and eager tails compute the same operations; sums of squares in
+        # another order and a vectorised rsqrt round differently in the last bit, so
+        # losses agree to float32 rounding, not bit for bit.
+        for rounding in ("fuse", "eager"):
+            assert (
+                np.abs(losses[rounding] - losses["baseline"]).max()
+                <= 1e-5 * np.abs(losses["baseline"]).max()
+            ), rounding
         for low_precision in ("bf16", "all"):
             relative = np.abs(losses[low_precision] - losses["baseline"]) / np.abs(
                 losses["baseline"]

@@ -38,7 +38,7 @@ from dgl_scalegnn.parallel.norm import (
     reduce_grad_cost,
     rms_norm,
     rms_norm_cost,
-    sum_of_squares,
+    row_statistics,
     sum_of_squares_cost,
 )
 from dgl_scalegnn.parallel.partition import ShardSpec
@@ -215,9 +215,8 @@ class GCNLayer(nn.Module):
         if widths.outputs_classes:
             return hidden, out_spec
         grid = runtime.grid
-        square_sum = gain = residual = None
+        gain = residual = None
         if self.gain is not None:
-            square_sum = sum_of_squares(hidden, out_spec, runtime)
             gain = reduce_grad(self.gain, out_spec.layout.rows, runtime)
         if widths.residual and cfg.residual_from == "aggregated":
             residual = redistribute(aggregated, aggregated_spec, out_spec.layout, runtime)
@@ -227,20 +226,19 @@ class GCNLayer(nn.Module):
             residual = redistribute(layer_input, input_spec, out_spec.layout, runtime)
         col_start, _ = out_spec.col_range(grid.shape, grid.coords)
         rows = out_spec.layout.rows
-        with runtime.profiler.region("elementwise"):
-            out = self.tail(
-                hidden,
-                square_sum,
-                gain,
-                residual,
-                out_spec.rows.ids(rows, grid.coord(rows)),
-                key=mix_seed(self.seed, step, self.index),
-                col_start=col_start,
-                width=out_spec.num_cols,
-                eps=cfg.rms_eps,
-                rate=cfg.dropout if self.training else 0.0,
-                profiler=runtime.profiler,
-            )
+        out = self.tail(
+            hidden,
+            gain,
+            residual,
+            out_spec.rows.ids(rows, grid.coord(rows)),
+            statistics=row_statistics(out_spec.layout, runtime),
+            key=mix_seed(self.seed, step, self.index),
+            col_start=col_start,
+            width=out_spec.num_cols,
+            eps=cfg.rms_eps,
+            rate=cfg.dropout if self.training else 0.0,
+            profiler=runtime.profiler,
+        )
         return out, out_spec
 
     @staticmethod
@@ -275,9 +273,10 @@ class Head(nn.Module):
         shards: dict[str, ParamShard],
         runtime: Runtime,
         seed: int,
+        tail: LayerTail,
     ) -> None:
         super().__init__()
-        self.cfg, self.num_classes, self.runtime = cfg, num_classes, runtime
+        self.cfg, self.num_classes, self.runtime, self.tail = cfg, num_classes, runtime, tail
         self.weight = sharded_parameter("head", shards["head"], runtime, seed)
         self.gain = (
             sharded_parameter("final_gain", shards["final_gain"], runtime, seed)
@@ -287,7 +286,7 @@ class Head(nn.Module):
 
     def forward(self, hidden: torch.Tensor, spec: ShardSpec) -> tuple[torch.Tensor, ShardSpec]:
         if self.gain is not None:
-            hidden = rms_norm(hidden, self.gain, spec, self.cfg.rms_eps, self.runtime)
+            hidden = rms_norm(hidden, self.gain, spec, self.cfg.rms_eps, self.runtime, self.tail)
         return parallel_linear(hidden, self.weight, spec, self.num_classes, self.runtime)
 
     @staticmethod

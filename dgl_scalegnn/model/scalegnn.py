@@ -65,6 +65,9 @@ class ParallelScaleGNN(nn.Module):
         Initialisation and dropout seed.
     fuse : bool
         Fuse each layer's element-wise tail with ``torch.compile``.
+    native : bool
+        Run the element-wise tail and the norms on the native CPU kernels where they
+        build (:mod:`~dgl_scalegnn.parallel.cpu_kernels`).
 
     Examples
     --------
@@ -87,12 +90,13 @@ class ParallelScaleGNN(nn.Module):
         runtime: Runtime,
         seed: int,
         fuse: bool = False,
+        native: bool = True,
     ) -> None:
         super().__init__()
         self.cfg, self.runtime = cfg, runtime
         self.in_features, self.num_classes = in_features, num_classes
         shards = parameter_shards(cfg, in_features, num_classes)
-        self.layer_tail = LayerTail(fuse)
+        self.layer_tail = LayerTail(fuse, native=native)
         self.input_layer: InputProjection | InputFeatures = (
             InputProjection(cfg, shards, runtime, seed)
             if cfg.input_projection
@@ -104,7 +108,9 @@ class ParallelScaleGNN(nn.Module):
                 layer_widths(cfg, in_features, num_classes), layer_layouts(cfg.layers)
             )
         )
-        self.head = Head(cfg, num_classes, shards, runtime, seed) if cfg.head else None
+        self.head = (
+            Head(cfg, num_classes, shards, runtime, seed, self.layer_tail) if cfg.head else None
+        )
 
     def sharded_state_dict(self) -> dict[str, nn.Parameter]:
         """Every parameter by its schedule name; ``param.shard`` gives its global shape

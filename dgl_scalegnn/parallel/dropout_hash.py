@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["hash32", "dropout_hashes", "dropout_keep", "dropout_mask"]
+__all__ = ["hash32", "dropout_hashes", "keep_threshold", "dropout_keep", "dropout_mask"]
 
 
 _MIX = 0x45D9F3B  # odd, so multiplying by it permutes the 32-bit integers
@@ -53,6 +53,15 @@ def dropout_hashes(
     return row_hash, col_hash
 
 
+def keep_threshold(rate: float) -> int:
+    """The signed 32-bit mixed hash at and above which an element is kept (rate ``rate``).
+
+    >>> keep_threshold(0.5)
+    0
+    """
+    return min(int(rate * (1 << 32)) - (1 << 31), (1 << 31) - 1)
+
+
 def dropout_keep(row_hash: torch.Tensor, col_hash: torch.Tensor, rate: float) -> torch.Tensor:
     """Keep-mask from :func:`dropout_hashes` as bytes (1 keep, 0 drop): one multiply per
     element mixes the pair.
@@ -63,9 +72,8 @@ def dropout_keep(row_hash: torch.Tensor, col_hash: torch.Tensor, rate: float) ->
     with probability :math:`1 - p`. Bytes, not bools: on CPU comparing into a byte tensor
     and multiplying by it are each about three times faster than with a bool mask.
     """
-    threshold = min(int(rate * (1 << 32)) - (1 << 31), (1 << 31) - 1)
     mixed = (row_hash ^ col_hash).mul_(_MIX)  # in place: one int32 buffer per mask
-    return torch.ge(mixed, threshold, out=torch.empty_like(mixed, dtype=torch.uint8))
+    return torch.ge(mixed, keep_threshold(rate), out=torch.empty_like(mixed, dtype=torch.uint8))
 
 
 def dropout_mask(

@@ -4,36 +4,49 @@
 
     y = \\mathrm{Dropout}\\big(\\mathrm{ReLU}(x (s / d + \\epsilon)^{-1/2} \\odot \\gamma)\\big) + r
 
-with :math:`s` the row sums of squares (already all-reduced), :math:`d` the global
-width, and the dropout mask hashed from global (vertex, column) ids
-(:func:`~dgl_scalegnn.parallel.dropout_hash.dropout_mask`). :class:`LayerTail` is one autograd
-function: its forward keeps a one-byte mask of the elements that pass both ReLU and
-dropout, so backward reads the mask instead of hashing again, and the dropout scale is
-folded into the gain. Forward and backward are two plain tensor kernels, run eagerly
-block of rows by block of rows (temporaries stay in cache); with fusion on,
-``torch.compile`` turns each into one loop, and a compiler failure in either (the
-backward one is compiled at the first backward) switches the tail to the eager kernels
-for the rest of the run, with one log line.
+with :math:`s` the row sums of squares of :math:`x` over the global columns, :math:`d`
+the global width, and the dropout mask hashed from global (vertex, column) ids
+(:func:`~dgl_scalegnn.parallel.dropout_hash.dropout_mask`). :class:`LayerTail` is one
+autograd function from :math:`x` to :math:`y`, the row statistics included: its forward
+sums the squares of the local columns and completes them over the other columns' ranks
+(a :class:`RowReducer`), and keeps a one-byte mask of the elements that pass both ReLU
+and dropout, so backward reads the mask instead of hashing again; the dropout scale is
+folded into the gain. Backward gives :math:`x` its whole gradient, the part through
+:math:`s` included, so autograd adds no second gradient of the same matrix; where the
+rows' columns are all on this rank it does so in the same pass. The final RMSNorm is
+the same function without ReLU (:meth:`LayerTail.normalize`).
+
+Each kernel (square sums, forward, backward, and the completion of the gradient after
+the statistics' reduction) is run eagerly block of rows by block of rows (temporaries
+stay in cache). With the native kernels on (the default), contiguous float32 CPU
+tensors go to one C loop each instead (:mod:`~dgl_scalegnn.parallel.cpu_kernels`: the
+forward with the same operations in the same order, one read of each input and one
+write of each output). With fusion on, ``torch.compile`` turns the forward and backward
+kernels into one loop each (for GPUs; it measured slower than eager on CPU), and a
+compiler failure in either (the backward one is compiled at the first backward)
+switches the tail to the eager kernels for the rest of the run, with one log line.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_keep
+from dgl_scalegnn.parallel import cpu_kernels
+from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_keep, keep_threshold
 from dgl_scalegnn.profiling import Profiler
 
 __all__ = [
     "hashed_dropout",
     "tail_forward",
     "tail_backward",
-    "tail_forward_blocked",
-    "tail_backward_blocked",
+    "norm_tail_forward",
     "rms_scale_backward",
+    "RowReducer",
+    "LocalRows",
     "LayerTail",
     "row_blocks",
 ]
@@ -73,6 +86,7 @@ def tail_forward(
     col_hash: torch.Tensor | None,
     rate: float,
     keep_mask: bool,
+    relu: bool = True,
     out: torch.Tensor | None = None,
     live_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -83,13 +97,16 @@ def tail_forward(
     ``col_hash`` ``(1, cols)`` ``None`` without dropout (``rate`` 0). ``live`` (0/1
     ``(rows, cols)`` bytes, only if ``keep_mask``) marks the elements that pass ReLU and
     dropout: the tail's derivative there is ``inv_rms * gain / (1 - rate)``, elsewhere 0.
-    ``out`` and ``live_out``, if given, receive ``y`` and ``live`` (no copy).
+    ``relu`` ``False`` (the final RMSNorm: with the norm, no dropout, no mask) leaves
+    the ReLU out. ``out`` and ``live_out``, if given, receive ``y`` and ``live`` (no copy).
     """
     scale = 1.0 / (1.0 - rate)
     if inv_rms is not None:
         # A positive scale commutes with ReLU: fold the dropout scale into the gain.
         z = torch.mul(x, inv_rms, out=out)
-        z.mul_(gain * scale).relu_()
+        z.mul_(gain * scale)
+        if relu:
+            z.relu_()
     else:
         z = torch.clamp_min(x, 0.0, out=out)
         if rate > 0:
@@ -110,12 +127,13 @@ def tail_forward(
 
 def tail_backward(
     grad: torch.Tensor,
-    live: torch.Tensor,
+    live: torch.Tensor | None,
     x: torch.Tensor | None,
     inv_rms: torch.Tensor | None,
     gain: torch.Tensor | None,
     rate: float,
     width: int,
+    finish: bool,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The tail's backward kernel: gradients of ``x``, the square sums and the gain.
@@ -124,18 +142,32 @@ def tail_backward(
     inverse RMS): :math:`\\partial x = g' \\gamma r`,
     :math:`\\partial \\gamma = \\sum_{rows} g' n` and
     :math:`\\partial s = -\\frac{r^3}{2d} \\sum_{cols} g' \\gamma x` (``None`` for the
-    last two without RMSNorm). The column and row sums are matrix-vector products.
-    ``out``, if given, receives the gradient of ``x``.
+    last two without RMSNorm; ``live`` ``None``: all ones). ``finish``: ``s`` summed this
+    rank's columns only, so :math:`\\partial x` also gets its part through ``s``,
+    :math:`2 x\\, \\partial s` (:func:`add_square_sum_grad`); otherwise the caller adds
+    it once :math:`\\partial s` is complete. ``out``, if given, receives :math:`\\partial x`.
     """
     scale = 1.0 / (1.0 - rate)
-    masked = torch.mul(grad, live, out=out)  # live: 0/1 bytes
+    masked = grad if live is None else torch.mul(grad, live, out=out)  # live: 0/1 bytes
     if inv_rms is None:
         return (masked.mul_(scale) if rate > 0 else masked), None, None
     # the dropout scale enters as part of the gain; its gradient is the gain's times scale
+    if out is None and live is not None:
+        out = masked  # a fresh product: written over (never the incoming gradient)
     grad_x, grad_square_sum, grad_scaled_gain = rms_scale_backward(
-        masked, x, inv_rms, gain * scale, width, out=masked
+        masked, x, inv_rms, gain * scale, width, out=out
     )
+    if finish:
+        add_square_sum_grad(grad_x, x, grad_square_sum)
     return grad_x, grad_square_sum, grad_scaled_gain * scale
+
+
+def add_square_sum_grad(
+    grad_x: torch.Tensor, x: torch.Tensor, grad_square_sum: torch.Tensor
+) -> torch.Tensor:
+    """``grad_x += 2 x grad_square_sum`` in place: the part of :math:`\\partial x` that
+    flows through the row sums of squares."""
+    return grad_x.addcmul_(x, grad_square_sum, value=2.0)
 
 
 def rms_scale_backward(
@@ -175,6 +207,15 @@ def _rows(tensor: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
     return None if tensor is None else tensor[rows]
 
 
+def square_sums_blocked(x: torch.Tensor) -> torch.Tensor:
+    """Row sums of squares ``(rows, 1)``, block by block (no whole-matrix temporary)."""
+    square_sum = x.new_empty(x.shape[0], 1)
+    for rows in row_blocks(x):
+        block = x[rows]
+        torch.sum(block * block, dim=1, keepdim=True, out=square_sum[rows])
+    return square_sum
+
+
 def tail_forward_blocked(
     x: torch.Tensor,
     inv_rms: torch.Tensor | None,
@@ -184,6 +225,7 @@ def tail_forward_blocked(
     col_hash: torch.Tensor | None,
     rate: float,
     keep_mask: bool,
+    relu: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`tail_forward` block of rows by block of rows (the eager kernel)."""
     y = torch.empty_like(x)
@@ -198,20 +240,83 @@ def tail_forward_blocked(
             col_hash,
             rate,
             keep_mask,
+            relu,
             out=y[rows],
             live_out=_rows(live, rows),
         )
     return y, live
 
 
+def norm_tail_forward(
+    x: torch.Tensor,
+    gain: torch.Tensor,
+    residual: torch.Tensor | None,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
+    rate: float,
+    keep_mask: bool,
+    relu: bool,
+    width: int,
+    eps: float,
+    out: torch.Tensor | None = None,
+    live_out: torch.Tensor | None = None,
+    inv_rms_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The square sums, the inverse RMS and :func:`tail_forward` of rows whose columns
+    are all here: ``(y, live, inv_rms)``."""
+    inv_rms = torch.sum(x * x, dim=1, keepdim=True, out=inv_rms_out)
+    inv_rms = torch.rsqrt(inv_rms / width + eps, out=inv_rms_out)
+    y, live = tail_forward(
+        x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask, relu, out, live_out
+    )
+    return y, live, inv_rms
+
+
+def norm_tail_forward_blocked(
+    x: torch.Tensor,
+    gain: torch.Tensor,
+    residual: torch.Tensor | None,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
+    rate: float,
+    keep_mask: bool,
+    relu: bool,
+    width: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """:func:`norm_tail_forward` block of rows by block of rows (each block read while
+    in cache; the eager kernel)."""
+    y = torch.empty_like(x)
+    live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
+    inv_rms = x.new_empty(x.shape[0], 1)
+    for rows in row_blocks(x):
+        norm_tail_forward(
+            x[rows],
+            gain,
+            _rows(residual, rows),
+            _rows(row_hash, rows),
+            col_hash,
+            rate,
+            keep_mask,
+            relu,
+            width,
+            eps,
+            out=y[rows],
+            live_out=_rows(live, rows),
+            inv_rms_out=inv_rms[rows],
+        )
+    return y, live, inv_rms
+
+
 def tail_backward_blocked(
     grad: torch.Tensor,
-    live: torch.Tensor,
+    live: torch.Tensor | None,
     x: torch.Tensor | None,
     inv_rms: torch.Tensor | None,
     gain: torch.Tensor | None,
     rate: float,
     width: int,
+    finish: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """:func:`tail_backward` block of rows by block of rows (the eager kernel)."""
     grad_x = torch.empty_like(grad)
@@ -220,12 +325,13 @@ def tail_backward_blocked(
     for rows in row_blocks(grad):  # each block's gradient is written in place into grad_x
         _, grad_square_sum_rows, grad_gain_rows = tail_backward(
             grad[rows],
-            live[rows],
+            _rows(live, rows),
             _rows(x, rows),
             _rows(inv_rms, rows),
             gain,
             rate,
             width,
+            finish,
             out=grad_x[rows],
         )
         if grad_square_sum is not None:
@@ -234,81 +340,251 @@ def tail_backward_blocked(
     return grad_x, grad_square_sum, grad_gain
 
 
+def add_square_sum_grad_blocked(
+    grad_x: torch.Tensor, x: torch.Tensor, grad_square_sum: torch.Tensor
+) -> torch.Tensor:
+    """:func:`add_square_sum_grad` block of rows by block of rows (the eager kernel)."""
+    for rows in row_blocks(grad_x):
+        add_square_sum_grad(grad_x[rows], x[rows], grad_square_sum[rows])
+    return grad_x
+
+
+def _square_sums_native(x: torch.Tensor) -> torch.Tensor:
+    return cpu_kernels.row_square_sums(x, x.new_empty(x.shape[0], 1))
+
+
+def _tail_forward_native(
+    x: torch.Tensor,
+    inv_rms: torch.Tensor | None,
+    gain: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
+    rate: float,
+    keep_mask: bool,
+    relu: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`tail_forward` as one native loop (float32 CPU tensors)."""
+    scale = 1.0 / (1.0 - rate)
+    y = torch.empty_like(x)
+    live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
+    dropout = rate > 0
+    cpu_kernels.tail_forward(
+        x,
+        inv_rms,
+        None if gain is None else gain * scale,
+        scale,
+        relu,
+        residual,
+        row_hash if dropout else None,
+        col_hash if dropout else None,
+        keep_threshold(rate) if dropout else 0,
+        y,
+        live,
+    )
+    return y, live
+
+
+def _norm_tail_forward_native(
+    x: torch.Tensor,
+    gain: torch.Tensor,
+    residual: torch.Tensor | None,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
+    rate: float,
+    keep_mask: bool,
+    relu: bool,
+    width: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """:func:`norm_tail_forward_blocked` as one native loop (float32 CPU tensors)."""
+    y = torch.empty_like(x)
+    live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
+    dropout = rate > 0
+    inv_rms = cpu_kernels.norm_tail_forward(
+        x,
+        gain * (1.0 / (1.0 - rate)),
+        1.0,
+        relu,
+        residual,
+        row_hash if dropout else None,
+        col_hash if dropout else None,
+        keep_threshold(rate) if dropout else 0,
+        width,
+        eps,
+        y,
+        live,
+    )
+    return y, live, inv_rms
+
+
+def _tail_backward_native(
+    grad: torch.Tensor,
+    live: torch.Tensor | None,
+    x: torch.Tensor | None,
+    inv_rms: torch.Tensor | None,
+    gain: torch.Tensor | None,
+    rate: float,
+    width: int,
+    finish: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`tail_backward` as one native loop (float32 CPU tensors)."""
+    scale = 1.0 / (1.0 - rate)
+    if inv_rms is None:
+        return cpu_kernels.masked_grad(grad, live, scale if rate > 0 else 1.0), None, None
+    grad_x, grad_square_sum, grad_scaled_gain = cpu_kernels.norm_backward(
+        grad, live, x, inv_rms, gain * scale, width, finish
+    )
+    return grad_x, grad_square_sum, grad_scaled_gain * scale
+
+
+class RowReducer(Protocol):
+    """Completes per-row sums over the columns of the other ranks that hold the same rows
+    (an all-reduce over the column group); ``local`` when there are none."""
+
+    local: bool
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor: ...
+
+
+class LocalRows:
+    """Rows whose columns are all on this rank: their sums need no reduction."""
+
+    local = True
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial
+
+
 class _TailFn(torch.autograd.Function):
+    """Forward: square sums, their reduction over the columns' ranks, the tail; backward:
+    the tail's gradients, the square sums' gradient reduced likewise, :math:`\\partial x`
+    completed with its part through them."""
+
     @staticmethod
     def forward(
         ctx: Any,
         x: torch.Tensor,
-        square_sum: torch.Tensor | None,
         gain: torch.Tensor | None,
         residual: torch.Tensor | None,
         row_hash: torch.Tensor | None,
         col_hash: torch.Tensor | None,
         tail: LayerTail,
+        statistics: RowReducer,
         profiler: Profiler,
         width: int,
         eps: float,
         rate: float,
+        relu: bool,
     ):
-        inv_rms = None if square_sum is None else torch.rsqrt(square_sum / width + eps)
-        y, live = tail.run(
-            "forward", x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask=True
+        # Without ReLU (a plain RMSNorm, no dropout) every element passes: no mask.
+        y, live, inv_rms = tail.forward(
+            x,
+            gain,
+            residual,
+            row_hash,
+            col_hash,
+            statistics,
+            profiler,
+            width,
+            eps,
+            rate,
+            relu,
+            keep_mask=relu,
         )
         ctx.save_for_backward(live, *((x, inv_rms, gain) if inv_rms is not None else ()))
-        ctx.tail, ctx.profiler, ctx.width, ctx.rate = tail, profiler, width, rate
+        ctx.tail, ctx.statistics, ctx.profiler = tail, statistics, profiler
+        ctx.width, ctx.rate = width, rate
         return y
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         live, *norm = ctx.saved_tensors
         x, inv_rms, gain = norm if norm else (None, None, None)
-        with ctx.profiler.region("elementwise"):
-            grad_x, grad_square_sum, grad_gain = ctx.tail.run(
-                "backward", grad.contiguous(), live, x, inv_rms, gain, ctx.rate, ctx.width
+        tail, statistics, profiler = ctx.tail, ctx.statistics, ctx.profiler
+        with profiler.region("elementwise"):
+            grad_x, grad_square_sum, grad_gain = tail.run(
+                "backward",
+                grad.contiguous(),
+                live,
+                x,
+                inv_rms,
+                gain,
+                ctx.rate,
+                ctx.width,
+                finish=statistics.local,
             )
-        grad_residual = grad if ctx.needs_input_grad[3] else None
-        return grad_x, grad_square_sum, grad_gain, grad_residual, *([None] * 7)
+        if grad_square_sum is not None and not statistics.local:
+            grad_square_sum = statistics.reduce(grad_square_sum)
+            with profiler.region("elementwise"):
+                grad_x = tail.run("finish", grad_x, x, grad_square_sum)
+        grad_residual = grad if ctx.needs_input_grad[2] else None
+        return grad_x, grad_gain, grad_residual, *([None] * 9)
 
 
 class LayerTail:
-    """The layer tail as one autograd function, on eager or compiled kernels.
+    """The layer tail as one autograd function, on native, compiled or eager kernels.
 
     Parameters
     ----------
     fuse : bool
         Compile the forward and backward kernels on first use (dynamic shapes: the
         batch rows change every step); eager when ``False`` or when compiling fails.
+    native : bool
+        Run float32 CPU tensors through the native kernels
+        (:mod:`~dgl_scalegnn.parallel.cpu_kernels`) where they build (without fusion,
+        or for the kernels fusion does not compile); eager otherwise.
+
     Examples
     --------
     >>> tail = LayerTail(fuse=False)
     >>> x = torch.randn(5, 4, requires_grad=True)
-    >>> y = tail(x, (x * x).sum(1, keepdim=True), torch.ones(4), None, torch.arange(5),
+    >>> y = tail(x, torch.ones(4), None, torch.arange(5), statistics=LocalRows(),
     ...          key=3, col_start=0, width=4, eps=1e-6, rate=0.25)
     >>> y.sum().backward(); x.grad.shape
     torch.Size([5, 4])
     """
 
-    def __init__(self, fuse: bool) -> None:
+    def __init__(self, fuse: bool, native: bool = False) -> None:
         self.fused = fuse
+        self.native = native
+        #: Calls of each kernel kind (``native``, ``compiled``, ``eager``): what ran.
+        self.calls = {"native": 0, "compiled": 0, "eager": 0}
+        self._native: dict[str, Callable[..., Any]] = {
+            "square_sums": _square_sums_native,
+            "forward": _tail_forward_native,
+            "norm_forward": _norm_tail_forward_native,
+            "backward": _tail_backward_native,
+            "finish": cpu_kernels.add_row_scaled,
+        }
         self._eager: dict[str, Callable[..., Any]] = {
+            "square_sums": square_sums_blocked,
             "forward": tail_forward_blocked,
+            "norm_forward": norm_tail_forward_blocked,
             "backward": tail_backward_blocked,
+            "finish": add_square_sum_grad_blocked,
         }
         # The compiler fuses each whole kernel into one loop: no blocks needed there.
         self._compiled = (
             {
                 "forward": torch.compile(tail_forward, dynamic=True),
+                "norm_forward": torch.compile(norm_tail_forward, dynamic=True),
                 "backward": torch.compile(tail_backward, dynamic=True),
             }
             if fuse
-            else self._eager
+            else {}
         )
 
     def run(self, kernel: str, *args: Any, **kwargs: Any) -> Any:
-        """Run the compiled ``kernel`` (``"forward"``/``"backward"``), or the eager one."""
-        if self.fused:
+        """Run ``kernel`` (``"square_sums"``, ``"forward"``, ``"norm_forward"`` (square sums
+        and forward in one pass), ``"backward"``, ``"finish"``):
+        compiled with fusion on (all but the square sums and the completion), else native
+        where the tensors allow it, else eager."""
+        if self.fused and kernel in self._compiled:
             try:
-                return self._compiled[kernel](*args, **kwargs)
+                result = self._compiled[kernel](*args, **kwargs)
+                self.calls["compiled"] += 1
+                return result
             except Exception as error:  # any compiler failure means: run eager
                 _log.warning(
                     "kernel fusion unavailable, running the layer tail eagerly (%s failed): %s",
@@ -316,51 +592,150 @@ class LayerTail:
                     error,
                 )
                 self.fused = False
+        if self.native and cpu_kernels.usable(*(a for a in args if isinstance(a, torch.Tensor))):
+            self.calls["native"] += 1
+            return self._native[kernel](*args, **kwargs)
+        self.calls["eager"] += 1
         return self._eager[kernel](*args, **kwargs)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        gain: torch.Tensor | None,
+        residual: torch.Tensor | None,
+        row_hash: torch.Tensor | None,
+        col_hash: torch.Tensor | None,
+        statistics: RowReducer | None,
+        profiler: Profiler,
+        width: int,
+        eps: float,
+        rate: float,
+        relu: bool,
+        keep_mask: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The forward kernels without autograd: ``(y, live, inv_rms)`` (``live`` for
+        backward if ``keep_mask``; ``inv_rms`` ``None`` without the norm)."""
+        inv_rms = None
+        if gain is not None and statistics is None:
+            raise ValueError("the norm needs the row statistics' reducer (statistics=...)")
+        if gain is not None and statistics.local:  # square sums and tail in one pass
+            with profiler.region("elementwise"):
+                return self.run(
+                    "norm_forward",
+                    x,
+                    gain,
+                    residual,
+                    row_hash,
+                    col_hash,
+                    rate,
+                    keep_mask,
+                    relu,
+                    width,
+                    eps,
+                )
+        if gain is not None:
+            with profiler.region("elementwise"):
+                square_sum = self.run("square_sums", x)
+            # Statistics stay float32 even when PMM traffic is bfloat16.
+            square_sum = statistics.reduce(square_sum)
+            with profiler.region("elementwise"):
+                inv_rms = torch.rsqrt(square_sum / width + eps)
+        with profiler.region("elementwise"):
+            y, live = self.run(
+                "forward", x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask, relu
+            )
+        return y, live, inv_rms
 
     def __call__(
         self,
         x: torch.Tensor,
-        square_sum: torch.Tensor | None,
         gain: torch.Tensor | None,
         residual: torch.Tensor | None,
         row_ids: torch.Tensor,
         *,
+        statistics: RowReducer | None,
         key: int,
         col_start: int,
         width: int,
         eps: float,
         rate: float,
         profiler: Profiler | None = None,
+        relu: bool = True,
     ) -> torch.Tensor:
         """``(rows, cols)`` local shard in, same shape out (see the module docstring).
 
-        ``square_sum`` ``(rows, 1)``/``gain`` ``(cols,)`` are ``None`` without RMSNorm,
-        ``residual`` ``None`` without the residual, ``rate`` 0 without dropout; ``key``
-        (seed, step and layer mixed) enters only the per-row and per-column hashes, so a
-        compiled kernel never recompiles for a new step. ``profiler`` charges the
-        backward kernel to ``elementwise`` (the caller times the forward).
+        ``gain`` ``(cols,)`` is ``None`` without RMSNorm, and then ``statistics`` (which
+        completes the rows' square sums over the other columns' ranks) may be ``None``
+        too; ``residual`` ``None`` without the residual, ``rate`` 0 without dropout,
+        ``relu`` ``False`` (no dropout then) for a plain RMSNorm. ``key`` (seed, step and
+        layer mixed) enters only the per-row and per-column hashes, so a compiled kernel
+        never recompiles for a new step. ``profiler`` charges the kernels to
+        ``elementwise`` and the reductions to their collectives.
         """
+        if not relu and rate > 0:
+            raise ValueError(f"dropout (rate {rate}) needs the ReLU's mask; got relu=False")
+        profiler = profiler if profiler is not None else Profiler(enabled=False)
+        if gain is None:
+            statistics = LocalRows()  # no norm: no row statistics to complete
         row_hash = col_hash = None
         if rate > 0:
             row_hash, col_hash = dropout_hashes(key, row_ids, col_start, x.shape[1])
-        tensors = (x, square_sum, gain, residual)
+        tensors = (x, gain, residual)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
             return _TailFn.apply(
                 x,
-                square_sum,
                 gain,
                 residual,
                 row_hash,
                 col_hash,
                 self,
-                profiler if profiler is not None else Profiler(enabled=False),
+                statistics,
+                profiler,
                 width,
                 eps,
                 rate,
+                relu,
             )
-        inv_rms = None if square_sum is None else torch.rsqrt(square_sum / width + eps)
-        y, _ = self.run(
-            "forward", x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask=False
+        y, _, _ = self.forward(
+            x,
+            gain,
+            residual,
+            row_hash,
+            col_hash,
+            statistics,
+            profiler,
+            width,
+            eps,
+            rate,
+            relu,
+            keep_mask=False,
         )
         return y
+
+    def normalize(
+        self,
+        x: torch.Tensor,
+        gain: torch.Tensor,
+        statistics: RowReducer,
+        *,
+        width: int,
+        eps: float,
+        profiler: Profiler | None = None,
+    ) -> torch.Tensor:
+        """RMSNorm alone, :math:`x (s / d + \\epsilon)^{-1/2} \\odot \\gamma` (no ReLU,
+        dropout or residual): the same autograd function and kernels."""
+        rows = torch.empty(0, dtype=torch.int64)  # no dropout: no hashes of the rows
+        return self(
+            x,
+            gain,
+            None,
+            rows,
+            statistics=statistics,
+            key=0,
+            col_start=0,
+            width=width,
+            eps=eps,
+            rate=0.0,
+            profiler=profiler,
+            relu=False,
+        )

@@ -125,6 +125,7 @@ class Trainer:
             runtime=runtime,
             seed=cfg.train.seed,
             fuse=cfg.parallel.fuse,
+            native=cfg.parallel.native_kernels,
         ).to(self.device)
         self.objective = Objective(runtime, multilabel=meta.multilabel)
         self.optimizer = torch.optim.Adam(

@@ -11,6 +11,7 @@ wires them) while this worker records, per rank, in ``report<rank>.json``:
 - ``max_in_flight``: the most asynchronous all-reduces started and not yet waited for;
 - ``build_threads``: the thread that built each training batch;
 - ``fused``: whether the layer tail ran compiled in this rank;
+- ``tail_calls``: how many of the layer tail's kernels ran native, compiled or eager;
 - ``prefetch_wait_steps``: steps whose breakdown has a ``prefetch_wait``.
 """
 
@@ -107,6 +108,7 @@ def main(base: dict, variants: dict[str, dict], steps: int, out: str) -> None:
                 "max_in_flight": recorder.max_in_flight,
                 "build_threads": build_threads,
                 "fused": trainer.model.layer_tail.fused,
+                "tail_calls": trainer.model.layer_tail.calls,
                 "prefetch_wait_steps": sum("prefetch_wait" in e["seconds"] for e in step_events),
             }
         rank = session.runtime.grid.rank

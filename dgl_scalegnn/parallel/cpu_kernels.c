@@ -1,0 +1,212 @@
+/* The element-wise tail and RMSNorm of a GCN layer as single loops over float32 rows.
+ *
+ * Built on first use by dgl_scalegnn/parallel/cpu_kernels.py and called through ctypes.
+ * Each kernel reads its inputs once and writes its outputs once, where the eager torch
+ * kernels make one pass per operation; the rows are split over the OpenMP threads
+ * (the process's own OpenMP runtime: the library links the libgomp torch has loaded).
+ * The forward follows the eager kernels of elementwise.py operation by operation (the
+ * same float results); the inner loops are specialised for each combination of
+ * switches, so that they have no branch and vectorise.
+ */
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+#include <omp.h>
+
+/* The dropout hash's multiplier (dropout_hash.py: _MIX). */
+#define MIX 0x45D9F3Bu
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* out[i] = sum_j x[i, j]^2 */
+void row_square_sums(const float *restrict x, float *restrict out, int64_t rows,
+                     int64_t cols, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *restrict xi = x + i * cols;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < cols; ++j) sum += xi[j] * xi[j];
+    out[i] = sum;
+  }
+}
+
+/* One row of tail_forward; the switches are compile-time constants at every call. */
+INLINE void tail_row(const float *restrict xi, float r, const float *restrict gain,
+                     float scale, const float *restrict ri, uint32_t row_bits,
+                     const int32_t *restrict col_hash, int32_t threshold,
+                     float *restrict yi, uint8_t *restrict li, int64_t cols,
+                     const int norm, const int relu, const int drop, const int res,
+                     const int mask) {
+#pragma omp simd
+  for (int64_t j = 0; j < cols; ++j) {
+    float z;
+    if (norm) {
+      z = (xi[j] * r) * gain[j];
+      if (relu) z = z < 0.0f ? 0.0f : z; /* NaN stays NaN, as torch's relu */
+    } else {
+      z = xi[j] < 0.0f ? 0.0f : xi[j];
+      if (drop) z *= scale;
+    }
+    if (drop) {
+      const int32_t mixed = (int32_t)((row_bits ^ (uint32_t)col_hash[j]) * MIX);
+      z *= (float)(mixed >= threshold); /* times 0 or 1, as the eager byte mask */
+    }
+    if (mask) {
+      /* z >= 0: its bits as an integer are > 0 exactly where z > 0 (as eager) */
+      int32_t bits;
+      memcpy(&bits, &z, sizeof bits);
+      li[j] = bits > 0;
+    }
+    yi[j] = res ? z + ri[j] : z;
+  }
+}
+
+#define TAIL_CASE(k)                                                                   \
+  case k:                                                                              \
+    tail_row(xi, r, gain, scale, ri, row_bits, col_hash, threshold, yi, li, cols,      \
+             (k >> 4) & 1, (k >> 3) & 1, (k >> 2) & 1, (k >> 1) & 1, k & 1);          \
+    break;
+
+/* tail_row with its switches (norm, relu, dropout, residual, mask: bits 4 to 0) made
+ * constants: one branch-free loop for each combination. */
+INLINE void tail_row_switched(int switches, const float *restrict xi, float r,
+                              const float *restrict gain, float scale,
+                              const float *restrict ri, uint32_t row_bits,
+                              const int32_t *restrict col_hash, int32_t threshold,
+                              float *restrict yi, uint8_t *restrict li, int64_t cols) {
+  switch (switches) {
+    TAIL_CASE(0) TAIL_CASE(1) TAIL_CASE(2) TAIL_CASE(3) TAIL_CASE(4) TAIL_CASE(5)
+    TAIL_CASE(6) TAIL_CASE(7) TAIL_CASE(8) TAIL_CASE(9) TAIL_CASE(10) TAIL_CASE(11)
+    TAIL_CASE(12) TAIL_CASE(13) TAIL_CASE(14) TAIL_CASE(15) TAIL_CASE(16)
+    TAIL_CASE(17) TAIL_CASE(18) TAIL_CASE(19) TAIL_CASE(20) TAIL_CASE(21)
+    TAIL_CASE(22) TAIL_CASE(23) TAIL_CASE(24) TAIL_CASE(25) TAIL_CASE(26)
+    TAIL_CASE(27) TAIL_CASE(28) TAIL_CASE(29) TAIL_CASE(30) TAIL_CASE(31)
+  }
+}
+
+/* y = dropout(relu(x * inv_rms[i] * gain[j])) + residual, live = 1 where the element
+ * passed ReLU and dropout.  inv_rms NULL: no norm, the element is relu(x) * scale.
+ * relu 0: no ReLU (the final RMSNorm).  row_hash NULL: no dropout, else the element is
+ * kept where (int32)((row_hash[i] ^ col_hash[j]) * MIX) >= threshold.  residual and
+ * live may be NULL. */
+void tail_forward(const float *restrict x, const float *restrict inv_rms,
+                  const float *restrict gain, float scale, int relu,
+                  const float *restrict residual, const int32_t *restrict row_hash,
+                  const int32_t *restrict col_hash, int32_t threshold,
+                  float *restrict y, uint8_t *restrict live, int64_t rows,
+                  int64_t cols, int threads) {
+  const int switches = (inv_rms != NULL) << 4 | (relu != 0) << 3 | (row_hash != NULL) << 2 |
+                       (residual != NULL) << 1 | (live != NULL);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    tail_row_switched(switches, x + i * cols, inv_rms ? inv_rms[i] : 1.0f, gain, scale,
+                      residual ? residual + i * cols : NULL,
+                      row_hash ? (uint32_t)row_hash[i] : 0u, col_hash, threshold,
+                      y + i * cols, live ? live + i * cols : NULL, cols);
+  }
+}
+
+/* tail_forward with the norm, for rows whose columns are all here: each row's square
+ * sum and inv_rms[i] = (sum / width + eps)^-1/2 (written out, for backward) are taken
+ * in the same pass, while the row is in cache. */
+void norm_tail_forward(const float *restrict x, const float *restrict gain, float scale,
+                       int relu, const float *restrict residual,
+                       const int32_t *restrict row_hash, const int32_t *restrict col_hash,
+                       int32_t threshold, float width, float eps, float *restrict inv_rms,
+                       float *restrict y, uint8_t *restrict live, int64_t rows,
+                       int64_t cols, int threads) {
+  const int switches = 1 << 4 | (relu != 0) << 3 | (row_hash != NULL) << 2 |
+                       (residual != NULL) << 1 | (live != NULL);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *restrict xi = x + i * cols;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < cols; ++j) sum += xi[j] * xi[j];
+    const float r = 1.0f / sqrtf(sum / width + eps); /* as torch.rsqrt */
+    inv_rms[i] = r;
+    tail_row_switched(switches, xi, r, gain, scale, residual ? residual + i * cols : NULL,
+                      row_hash ? (uint32_t)row_hash[i] : 0u, col_hash, threshold,
+                      y + i * cols, live ? live + i * cols : NULL, cols);
+  }
+}
+
+/* One row of norm_backward: returns sum_j m x gain and adds m x r into partial. */
+INLINE float norm_backward_row(const float *restrict gi, const uint8_t *restrict li,
+                               const float *restrict xi, float r,
+                               const float *restrict gain, float *restrict partial,
+                               float *restrict out, int64_t cols, const int mask) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < cols; ++j) {
+    const float m = mask ? gi[j] * (float)li[j] : gi[j];
+    const float mx = m * xi[j];
+    sum += mx * gain[j];
+    partial[j] += mx * r;
+    out[j] = (m * gain[j]) * r;
+  }
+  return sum;
+}
+
+/* Backward of the normalised tail: with m = grad * live (live NULL: m = grad),
+ * grad_x = m * gain[j] * inv_rms[i], the square sums' gradient
+ * row_grad[i] = -inv_rms^3 / (2 width) * sum_j m x gain, and the gain's gradient
+ * sum_i m x inv_rms added per thread into gain_partials[thread, :] (threads x cols,
+ * zeroed by the caller).  finish 1 (the row's columns are all here): grad_x also gets
+ * the square sums' part, 2 x row_grad[i], in the same pass over the row; finish 0:
+ * the caller completes row_grad over the other columns first (add_row_scaled). */
+void norm_backward(const float *restrict grad, const uint8_t *restrict live,
+                   const float *restrict x, const float *restrict inv_rms,
+                   const float *restrict gain, float width, float *restrict row_grad,
+                   float *restrict gain_partials, float *restrict grad_x, int finish,
+                   int64_t rows, int64_t cols, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    float *restrict partial = gain_partials + (int64_t)omp_get_thread_num() * cols;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const float *restrict xi = x + i * cols;
+      float *restrict out = grad_x + i * cols;
+      const float r = inv_rms[i];
+      const float sum =
+          live ? norm_backward_row(grad + i * cols, live + i * cols, xi, r, gain, partial,
+                                   out, cols, 1)
+               : norm_backward_row(grad + i * cols, NULL, xi, r, gain, partial, out, cols, 0);
+      const float g = sum * (r * r * r) * (-0.5f / width);
+      row_grad[i] = g;
+      if (finish) {
+        const float twice = 2.0f * g;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) out[j] += xi[j] * twice; /* row still in cache */
+      }
+    }
+  }
+}
+
+/* grad_x[i, j] += x[i, j] * 2 row_grad[i]: the square sums' part of the gradient. */
+void add_row_scaled(float *restrict grad_x, const float *restrict x,
+                    const float *restrict row_grad, int64_t rows, int64_t cols,
+                    int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *restrict xi = x + i * cols;
+    float *restrict out = grad_x + i * cols;
+    const float twice = 2.0f * row_grad[i];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) out[j] += xi[j] * twice;
+  }
+}
+
+/* Backward of tail_forward without the norm: grad_x = grad * live * scale. */
+void masked_grad(const float *restrict grad, const uint8_t *restrict live, float scale,
+                 float *restrict grad_x, int64_t rows, int64_t cols, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const float *restrict gi = grad + i * cols;
+    const uint8_t *restrict li = live + i * cols;
+    float *restrict out = grad_x + i * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) out[j] = (gi[j] * (float)li[j]) * scale;
+  }
+}

@@ -1,0 +1,342 @@
+"""Native CPU kernels for the element-wise tail and RMSNorm: one loop per kernel.
+
+On CPU the eager tail makes one pass over the ``(rows, cols)`` block per torch
+operation and ``torch.compile`` measured slower still; these C loops
+(``cpu_kernels.c``) read each input once and write each output once. They are built on
+first use with the system C compiler (``$CC``, else ``cc``; ``-O3 -fopenmp``, no fused
+multiply-adds, and ``-march=native`` where the compiler takes it: the vector width of
+this CPU) into a cache directory (``$SCALEGNN_KERNEL_CACHE``, else
+``~/.cache/dgl_scalegnn``) keyed by the source, the compiler and the machine, and
+linked against the OpenMP runtime torch has loaded, so that they share its threads.
+Where no compiler works, or for tensors that are not float32 on CPU (CUDA, bfloat16),
+the callers run their eager torch kernels: :func:`usable` tells them.
+
+>>> x = torch.tensor([[3.0, -4.0]])
+>>> out = torch.empty(1, 1)
+>>> if usable(x):
+...     row_square_sums(x, out)
+... else:
+...     torch.sum(x * x, dim=1, keepdim=True, out=out)
+tensor([[25.]])
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "load",
+    "usable",
+    "row_square_sums",
+    "tail_forward",
+    "norm_tail_forward",
+    "norm_backward",
+    "add_row_scaled",
+    "masked_grad",
+]
+
+_log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("cpu_kernels.c")
+# -ffp-contract=off: no fused multiply-adds, so the forward rounds as the eager kernels do
+_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+#: Tried first, dropped when the compiler refuses them (the build is cached per CPU model).
+_NATIVE_FLAGS = ("-march=native",)
+_LIBRARIES = ("-lm",)
+
+# ctypes signatures: p pointer (None for NULL), i int64, n int (threads), f float, s int32
+_SIGNATURES = {
+    "row_square_sums": "ppiin",
+    "tail_forward": "pppfnpppsppiin",
+    "norm_tail_forward": "ppfnpppsffpppiin",
+    "norm_backward": "pppppfpppniin",
+    "add_row_scaled": "pppiin",
+    "masked_grad": "ppfpiin",
+}
+_CTYPES = {
+    "p": ctypes.c_void_p,
+    "i": ctypes.c_int64,
+    "n": ctypes.c_int,
+    "f": ctypes.c_float,
+    "s": ctypes.c_int32,
+}
+
+_library: ctypes.CDLL | None = None
+_load_failure: str | None = None
+
+
+def _machine_key() -> str:
+    """What a build depends on beyond the source and flags: compiler, CPU, platform."""
+    model = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        model = next(
+            (line for line in cpuinfo.read_text().splitlines() if line.startswith("model name")),
+            "",
+        )
+    return f"{platform.machine()}|{platform.system()}|{model}"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("SCALEGNN_KERNEL_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "dgl_scalegnn"
+
+
+def _build(compiler: str) -> Path:
+    """Compile the source once per (source, compiler, flags, machine); atomic on disk,
+    so concurrent ranks may build at the same time."""
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, check=False
+    ).stdout
+    flags = " ".join(_FLAGS + _NATIVE_FLAGS)
+    key = hashlib.sha256(
+        "\n".join((_SOURCE.read_text(), compiler, version, flags, _machine_key())).encode()
+    ).hexdigest()[:16]
+    target = _cache_dir() / f"cpu_kernels_{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        built = Path(scratch) / target.name
+        for flags in (_FLAGS + _NATIVE_FLAGS, _FLAGS):
+            result = subprocess.run(
+                [compiler, *flags, str(_SOURCE), "-o", str(built), *_LIBRARIES],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode == 0:
+                break
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
+        os.replace(built, target)
+    return target
+
+
+def load() -> ctypes.CDLL | None:
+    """The kernel library, built on the first call; ``None`` (and one log line) where it
+    cannot be built or loaded."""
+    global _library, _load_failure
+    if _library is not None or _load_failure is not None:
+        return _library
+    try:
+        compiler = _compiler()
+        if compiler is None:
+            raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} not found)")
+        library = ctypes.CDLL(str(_build(compiler)))
+        for name, signature in _SIGNATURES.items():
+            function = getattr(library, name)
+            function.argtypes = [_CTYPES[code] for code in signature]
+            function.restype = None
+        _library = library
+    except (OSError, RuntimeError) as error:
+        _load_failure = str(error)
+        _log.warning("native CPU kernels unavailable, running eager kernels: %s", error)
+    return _library
+
+
+def usable(*tensors: torch.Tensor | None) -> bool:
+    """Whether the native kernels can take these tensors: the library loads and every
+    tensor given is on the CPU, every float one float32 (``None`` entries are skipped).
+    The kernels read contiguous memory: the wrappers below make their inputs so."""
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        if tensor.device.type != "cpu":
+            return False
+        if tensor.is_floating_point() and tensor.dtype != torch.float32:
+            return False
+    return load() is not None
+
+
+def _ptr(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _call(name: str, *args: object) -> None:
+    library = load()
+    assert library is not None, "call usable() first"
+    getattr(library, name)(*args)
+
+
+def row_square_sums(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[i] = sum_j x[i, j]^2`` for ``x`` ``(rows, cols)``, ``out`` ``(rows, 1)``."""
+    x = x.contiguous()  # bound to a name: a temporary must outlive the call
+    rows, cols = x.shape
+    _call("row_square_sums", _ptr(x), _ptr(out), rows, cols, torch.get_num_threads())
+    return out
+
+
+def tail_forward(
+    x: torch.Tensor,
+    inv_rms: torch.Tensor | None,
+    gain: torch.Tensor | None,
+    scale: float,
+    relu: bool,
+    residual: torch.Tensor | None,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
+    threshold: int,
+    out: torch.Tensor,
+    live_out: torch.Tensor | None,
+) -> None:
+    """The tail's forward (see ``cpu_kernels.c``) into ``out`` and, if given,
+    ``live_out``. ``gain`` already carries the dropout scale; ``scale`` is used only
+    without the norm; ``row_hash`` ``None`` means no dropout."""
+    x, inv_rms, gain, residual, row_hash, col_hash = (
+        None if t is None else t.contiguous()
+        for t in (x, inv_rms, gain, residual, row_hash, col_hash)
+    )
+    rows, cols = x.shape
+    _call(
+        "tail_forward",
+        _ptr(x),
+        _ptr(inv_rms),
+        _ptr(gain),
+        scale,
+        int(relu),
+        _ptr(residual),
+        _ptr(row_hash),
+        _ptr(col_hash),
+        threshold,
+        _ptr(out),
+        _ptr(live_out),
+        rows,
+        cols,
+        torch.get_num_threads(),
+    )
+
+
+def norm_tail_forward(
+    x: torch.Tensor,
+    gain: torch.Tensor,
+    scale: float,
+    relu: bool,
+    residual: torch.Tensor | None,
+    row_hash: torch.Tensor | None,
+    col_hash: torch.Tensor | None,
+    threshold: int,
+    width: int,
+    eps: float,
+    out: torch.Tensor,
+    live_out: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`tail_forward` with the norm for rows whose columns are all on this rank:
+    the square sums taken in the same pass; returns ``inv_rms`` ``(rows, 1)``."""
+    x, gain, residual, row_hash, col_hash = (
+        None if t is None else t.contiguous() for t in (x, gain, residual, row_hash, col_hash)
+    )
+    rows, cols = x.shape
+    inv_rms = x.new_empty(rows, 1)
+    _call(
+        "norm_tail_forward",
+        _ptr(x),
+        _ptr(gain),
+        scale,
+        int(relu),
+        _ptr(residual),
+        _ptr(row_hash),
+        _ptr(col_hash),
+        threshold,
+        float(width),
+        eps,
+        _ptr(inv_rms),
+        _ptr(out),
+        _ptr(live_out),
+        rows,
+        cols,
+        torch.get_num_threads(),
+    )
+    return inv_rms
+
+
+def norm_backward(
+    grad: torch.Tensor,
+    live: torch.Tensor | None,
+    x: torch.Tensor,
+    inv_rms: torch.Tensor,
+    gain: torch.Tensor,
+    width: int,
+    finish: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of :math:`y = (\\mathrm{live} \\odot x\\, r) \\odot \\gamma` with
+    :math:`r = (s / d + \\epsilon)^{-1/2}`: of ``x``, of the square sums ``s`` and of the
+    gain (``live`` ``None``: all ones). ``finish``: ``s`` was summed over this rank's
+    columns only, so the gradient of ``x`` includes the part through ``s``,
+    :math:`2 x\\, \\partial s`; otherwise the caller adds it (:func:`add_row_scaled`)
+    once :math:`\\partial s` is summed over the other columns' ranks."""
+    grad, x, inv_rms, gain = (t.contiguous() for t in (grad, x, inv_rms, gain))
+    live = None if live is None else live.contiguous()
+    rows, cols = grad.shape
+    threads = torch.get_num_threads()
+    grad_x = torch.empty_like(grad)
+    grad_square_sum = torch.empty_like(inv_rms)
+    gain_partials = grad.new_zeros(threads, cols)
+    _call(
+        "norm_backward",
+        _ptr(grad),
+        _ptr(live),
+        _ptr(x),
+        _ptr(inv_rms),
+        _ptr(gain),
+        float(width),
+        _ptr(grad_square_sum),
+        _ptr(gain_partials),
+        _ptr(grad_x),
+        int(finish),
+        rows,
+        cols,
+        threads,
+    )
+    return grad_x, grad_square_sum, gain_partials.sum(dim=0)
+
+
+def add_row_scaled(grad_x: torch.Tensor, x: torch.Tensor, row_grad: torch.Tensor) -> torch.Tensor:
+    """``grad_x += 2 x row_grad`` in place (``grad_x`` contiguous; ``row_grad`` ``(rows, 1)``)."""
+    x, row_grad = x.contiguous(), row_grad.contiguous()
+    rows, cols = grad_x.shape
+    _call(
+        "add_row_scaled",
+        _ptr(grad_x),
+        _ptr(x),
+        _ptr(row_grad),
+        rows,
+        cols,
+        torch.get_num_threads(),
+    )
+    return grad_x
+
+
+def masked_grad(grad: torch.Tensor, live: torch.Tensor, scale: float) -> torch.Tensor:
+    """``grad * live * scale`` (the tail's backward without the norm)."""
+    grad, live = grad.contiguous(), live.contiguous()
+    rows, cols = grad.shape
+    grad_x = torch.empty_like(grad)
+    _call(
+        "masked_grad",
+        _ptr(grad),
+        _ptr(live),
+        scale,
+        _ptr(grad_x),
+        rows,
+        cols,
+        torch.get_num_threads(),
+    )
+    return grad_x

@@ -1,0 +1,198 @@
+"""The native CPU kernels of the layer tail and RMSNorm against independent oracles.
+
+Values and gradients are checked against float64 autograd, the forward bit for bit
+against the eager float32 kernels (the same operations in the same order), and every
+test asserts that the native kernel ran (the tail counts its calls by kind), so a
+silent fallback to the eager kernels fails here instead of passing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dgl_scalegnn.config import ParallelConfig
+from dgl_scalegnn.core.layout import INPUT_LAYOUT
+from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.parallel import cpu_kernels
+from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_mask
+from dgl_scalegnn.parallel.elementwise import LayerTail, LocalRows
+from dgl_scalegnn.parallel.norm import rms_norm
+from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
+
+
+def test_the_library_builds_here_and_native_kernels_are_the_default():
+    assert cpu_kernels.load() is not None, cpu_kernels._load_failure
+    assert ParallelConfig().native_kernels
+
+
+def _inputs(rows: int, cols: int, seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.randn(*shape, dtype=torch.float64, generator=generator)
+        for name, shape in (("x", (rows, cols)), ("gain", (cols,)), ("res", (rows, cols)))
+    }
+
+
+def _tail_by_autograd(x, square_sum, gain, residual, keep, width, eps, rate):
+    if square_sum is not None:
+        x = x * torch.rsqrt(square_sum / width + eps) * gain
+    x = torch.relu(x) * keep / (1 - rate)
+    return x + residual if residual is not None else x
+
+
+class MirroredColumns:
+    """Another rank holds a copy of these columns: global row sums are twice the local."""
+
+    local = False
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial * 2
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+@pytest.mark.parametrize("norm", ["none", "local", "reduced"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_native_tail_values_and_gradients_match_float64_autograd(rate, norm, residual):
+    rows, cols, eps = 301, 24, 1e-6
+    width = 2 * cols if norm == "reduced" else cols
+    statistics = MirroredColumns() if norm == "reduced" else LocalRows()
+    ids = torch.randperm(5000, generator=torch.Generator().manual_seed(1))[:rows]
+    keep = dropout_mask(77, ids, 5, cols, rate).double()
+    weights = torch.linspace(-1, 1, rows * cols, dtype=torch.float64).view(rows, cols)
+    tail = LayerTail(fuse=False, native=True)
+    results = []
+    for dtype in (torch.float64, torch.float32):
+        leaves = {k: v.to(dtype).requires_grad_() for k, v in _inputs(rows, cols, seed=2).items()}
+        x = leaves["x"]
+        gain = leaves["gain"] * 1 if norm != "none" else None
+        residual_input = leaves["res"] if residual else None
+        if dtype == torch.float64:
+            square_sum = (x * x).sum(1, keepdim=True) * width / cols if gain is not None else None
+            y = _tail_by_autograd(x, square_sum, gain, residual_input, keep, width, eps, rate)
+        else:
+            y = tail(x, gain, residual_input, ids, statistics=statistics, key=77, col_start=5,
+                     width=width, eps=eps, rate=rate)  # fmt: skip
+        (y * weights.to(dtype)).sum().backward()
+        results.append([y.detach(), *(leaves[k].grad for k in ("x", "gain", "res"))])
+    # forward and backward; reduced: the square sums apart, and after the reduction the
+    # gradient's completion
+    kernels = {"none": 2, "local": 2, "reduced": 4}[norm]
+    assert tail.calls == {"native": kernels, "compiled": 0, "eager": 0}
+    for expected, got in zip(*results):
+        if expected is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_native_forward_is_the_eager_forward_bit_for_bit():
+    """Given the same row statistics, the forward kernels agree to the bit (the square
+    sums themselves are summed in another order: equal to rounding)."""
+    values = {k: v.float() for k, v in _inputs(257, 40, seed=3).items()}
+    x = values["x"]
+    x[3, 5] = float("nan")  # a NaN stays a NaN (the finiteness check must see it)
+    native, eager = LayerTail(False, native=True), LayerTail(False, native=False)
+    square_sums = [tail.run("square_sums", x) for tail in (native, eager)]
+    torch.testing.assert_close(square_sums[0], square_sums[1], equal_nan=True)
+    inv_rms = torch.rsqrt(square_sums[1] / 40 + 1e-6)
+    row_hash, col_hash = dropout_hashes(9, torch.arange(257), 0, 40)
+    for relu, rate in ((True, 0.25), (True, 0.0), (False, 0.0)):
+        args = (x, inv_rms, values["gain"], values["res"], row_hash, col_hash, rate, relu, relu)
+        (got, got_live), (expected, expected_live) = (
+            t.run("forward", *args) for t in (native, eager)
+        )
+        assert got[3].isnan().any()
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+        assert (got_live is None and expected_live is None) or torch.equal(got_live, expected_live)
+    # With the square sums in the same pass: equal to their rounding.
+    args = (x, values["gain"], values["res"], row_hash, col_hash, 0.25, True, True, 40, 1e-6)
+    (got, got_live, got_inv), (expected, expected_live, expected_inv) = (
+        t.run("norm_forward", *args) for t in (native, eager)
+    )
+    torch.testing.assert_close(got_inv, expected_inv, equal_nan=True)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    assert (got_live != expected_live).sum() <= 1  # an element at 0 may round either way
+    assert native.calls["native"] == 5 and eager.calls == {"native": 0, "compiled": 0, "eager": 5}
+
+
+def test_non_contiguous_inputs_are_read_correctly():
+    values = {k: v.float() for k, v in _inputs(64, 32, seed=4).items()}
+    residual_view = values["res"].t().contiguous().t()  # same values, transposed strides
+    assert not residual_view.is_contiguous()
+    tail = LayerTail(False, native=True)
+    kwargs = dict(statistics=None, key=1, col_start=0, width=32, eps=1e-6, rate=0.0)
+    got = tail(values["x"], None, residual_view, torch.arange(64), **kwargs)
+    torch.testing.assert_close(got, values["x"].relu() + values["res"], rtol=0, atol=0)
+    assert tail.calls["native"] == 1
+
+
+def test_tensors_the_kernels_cannot_take_run_eagerly():
+    tail = LayerTail(False, native=True)
+    x = torch.randn(8, 4, dtype=torch.float64)
+    tail(x, None, None, torch.arange(8), statistics=None, key=1, col_start=0, width=4, eps=0,
+         rate=0.0)  # fmt: skip
+    assert tail.calls == {"native": 0, "compiled": 0, "eager": 1}
+    assert not cpu_kernels.usable(torch.ones(2, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_rms_norm_matches_float64_autograd_on_both_kernels(monkeypatch, native):
+    calls = {"native": 0}
+    for name in ("row_square_sums", "tail_forward", "norm_tail_forward", "norm_backward"):
+        original = getattr(cpu_kernels, name)
+
+        def counted(*args, _original=original, **kwargs):
+            calls["native"] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(cpu_kernels, name, counted)
+    rows, cols, eps = 203, 24, 1e-6
+    runtime = Runtime.single_process()
+    spec = ShardSpec(INPUT_LAYOUT, RowPartition.of(torch.arange(rows), 1, runtime.grid.shape), cols)
+    weights = torch.linspace(-1, 1, rows * cols, dtype=torch.float64).view(rows, cols)
+    results = []
+    for dtype in (torch.float64, torch.float32):
+        values = _inputs(rows, cols, seed=5)
+        x = values["x"].to(dtype).requires_grad_()
+        gain = values["gain"].to(dtype).requires_grad_()
+        if dtype == torch.float64:
+            y = x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + eps) * gain
+        else:
+            y = rms_norm(x, gain, spec, eps, runtime, LayerTail(fuse=False, native=native))
+        (y * weights.to(dtype)).sum().backward()
+        results.append([y.detach(), x.grad, gain.grad])
+    # square sums and scaling in one pass, and the backward: two native calls or none
+    assert calls["native"] == (2 if native else 0)
+    for expected, got in zip(*results):
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_compiler_the_tail_runs_eagerly_and_says_so(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(cpu_kernels, "_library", None)
+    monkeypatch.setattr(cpu_kernels, "_load_failure", None)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    tail = LayerTail(False, native=True)
+    with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+        y = tail(torch.randn(5, 3), None, None, torch.arange(5), statistics=None, key=1,
+                 col_start=0, width=3, eps=0, rate=0.0)  # fmt: skip
+    assert y.shape == (5, 3) and tail.calls == {"native": 0, "compiled": 0, "eager": 1}
+    assert "native CPU kernels unavailable" in caplog.text and "no-such-compiler" in caplog.text
+
+
+def test_ranks_share_one_build_in_the_cache(tmp_path):
+    """Two processes building at once both load the kernels; one file stays in the cache."""
+    code = "from dgl_scalegnn.parallel import cpu_kernels; assert cpu_kernels.load() is not None"
+    env = {**os.environ, "SCALEGNN_KERNEL_CACHE": str(tmp_path)}
+    processes = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
+    try:
+        assert [p.wait(timeout=120) for p in processes] == [0, 0]
+    finally:
+        for process in processes:
+            process.kill()
+    assert [p.suffix for p in tmp_path.iterdir()] == [".so"]
