@@ -102,23 +102,26 @@ def test_native_forward_is_the_eager_forward_bit_for_bit():
     torch.testing.assert_close(square_sums[0], square_sums[1], equal_nan=True)
     inv_rms = torch.rsqrt(square_sums[1] / 40 + 1e-6)
     row_hash, col_hash = dropout_hashes(9, torch.arange(257), 0, 40)
-    for relu, rate in ((True, 0.25), (True, 0.0), (False, 0.0)):
-        args = (x, inv_rms, values["gain"], values["res"], row_hash, col_hash, rate, relu, relu)
-        (got, got_live), (expected, expected_live) = (
+    gain = values["gain"]
+    cases = ((gain, True, 0.25), (gain, True, 0.0), (gain, False, 0.0), (None, True, 0.25))
+    for case_gain, relu, rate in cases:
+        case_inv_rms = None if case_gain is None else inv_rms
+        args = (x, case_inv_rms, case_gain, values["res"], row_hash, col_hash, rate, relu, relu)
+        (got, got_live, _), (expected, expected_live, _) = (
             t.run("forward", *args) for t in (native, eager)
         )
         assert got[3].isnan().any()
         torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
         assert (got_live is None and expected_live is None) or torch.equal(got_live, expected_live)
-    # With the square sums in the same pass: equal to their rounding.
-    args = (x, values["gain"], values["res"], row_hash, col_hash, 0.25, True, True, 40, 1e-6)
+    # With the square sums in the same pass (no inv_rms given): equal to their rounding.
+    args = (x, None, gain, values["res"], row_hash, col_hash, 0.25, True, True, 40, 1e-6)
     (got, got_live, got_inv), (expected, expected_live, expected_inv) = (
-        t.run("norm_forward", *args) for t in (native, eager)
+        t.run("forward", *args) for t in (native, eager)
     )
     torch.testing.assert_close(got_inv, expected_inv, equal_nan=True)
     torch.testing.assert_close(got, expected, equal_nan=True)
     assert (got_live != expected_live).sum() <= 1  # an element at 0 may round either way
-    assert native.calls["native"] == 5 and eager.calls == {"native": 0, "compiled": 0, "eager": 5}
+    assert native.calls["native"] == 6 and eager.calls == {"native": 0, "compiled": 0, "eager": 6}
 
 
 def test_non_contiguous_inputs_are_read_correctly():
@@ -144,7 +147,7 @@ def test_tensors_the_kernels_cannot_take_run_eagerly():
 @pytest.mark.parametrize("native", [True, False])
 def test_rms_norm_matches_float64_autograd_on_both_kernels(monkeypatch, native):
     calls = {"native": 0}
-    for name in ("row_square_sums", "tail_forward", "norm_tail_forward", "norm_backward"):
+    for name in ("row_square_sums", "tail_forward", "norm_backward"):
         original = getattr(cpu_kernels, name)
 
         def counted(*args, _original=original, **kwargs):

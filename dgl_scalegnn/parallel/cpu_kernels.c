@@ -86,46 +86,34 @@ INLINE void tail_row_switched(int switches, const float *restrict xi, float r,
 }
 
 /* y = dropout(relu(x * inv_rms[i] * gain[j])) + residual, live = 1 where the element
- * passed ReLU and dropout.  inv_rms NULL: no norm, the element is relu(x) * scale.
- * relu 0: no ReLU (the final RMSNorm).  row_hash NULL: no dropout, else the element is
- * kept where (int32)((row_hash[i] ^ col_hash[j]) * MIX) >= threshold.  residual and
- * live may be NULL. */
-void tail_forward(const float *restrict x, const float *restrict inv_rms,
-                  const float *restrict gain, float scale, int relu,
-                  const float *restrict residual, const int32_t *restrict row_hash,
-                  const int32_t *restrict col_hash, int32_t threshold,
-                  float *restrict y, uint8_t *restrict live, int64_t rows,
-                  int64_t cols, int threads) {
-  const int switches = (inv_rms != NULL) << 4 | (relu != 0) << 3 | (row_hash != NULL) << 2 |
-                       (residual != NULL) << 1 | (live != NULL);
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < rows; ++i) {
-    tail_row_switched(switches, x + i * cols, inv_rms ? inv_rms[i] : 1.0f, gain, scale,
-                      residual ? residual + i * cols : NULL,
-                      row_hash ? (uint32_t)row_hash[i] : 0u, col_hash, threshold,
-                      y + i * cols, live ? live + i * cols : NULL, cols);
-  }
-}
-
-/* tail_forward with the norm, for rows whose columns are all here: each row's square
- * sum and inv_rms[i] = (sum / width + eps)^-1/2 (written out, for backward) are taken
- * in the same pass, while the row is in cache. */
-void norm_tail_forward(const float *restrict x, const float *restrict gain, float scale,
-                       int relu, const float *restrict residual,
-                       const int32_t *restrict row_hash, const int32_t *restrict col_hash,
-                       int32_t threshold, float width, float eps, float *restrict inv_rms,
-                       float *restrict y, uint8_t *restrict live, int64_t rows,
-                       int64_t cols, int threads) {
-  const int switches = 1 << 4 | (relu != 0) << 3 | (row_hash != NULL) << 2 |
+ * passed ReLU and dropout.  gain NULL: no norm, the element is relu(x) * scale.
+ * compute_rms 1 (the rows' columns are all here): inv_rms[i] = (s / width + eps)^-1/2
+ * from the row's square sum s, taken in the same pass while the row is in cache, and
+ * written out (for backward); else inv_rms is read.  relu 0: no ReLU (the final
+ * RMSNorm).  row_hash NULL: no dropout, else the element is kept where
+ * (int32)((row_hash[i] ^ col_hash[j]) * MIX) >= threshold.  residual and live may be
+ * NULL. */
+void tail_forward(const float *restrict x, float *restrict inv_rms, int compute_rms,
+                  float width, float eps, const float *restrict gain, float scale,
+                  int relu, const float *restrict residual,
+                  const int32_t *restrict row_hash, const int32_t *restrict col_hash,
+                  int32_t threshold, float *restrict y, uint8_t *restrict live,
+                  int64_t rows, int64_t cols, int threads) {
+  const int switches = (gain != NULL) << 4 | (relu != 0) << 3 | (row_hash != NULL) << 2 |
                        (residual != NULL) << 1 | (live != NULL);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
     const float *restrict xi = x + i * cols;
-    float sum = 0.0f;
+    float r = 1.0f;
+    if (gain && compute_rms) {
+      float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < cols; ++j) sum += xi[j] * xi[j];
-    const float r = 1.0f / sqrtf(sum / width + eps); /* as torch.rsqrt */
-    inv_rms[i] = r;
+      for (int64_t j = 0; j < cols; ++j) sum += xi[j] * xi[j];
+      r = 1.0f / sqrtf(sum / width + eps); /* as torch.rsqrt */
+      inv_rms[i] = r;
+    } else if (gain) {
+      r = inv_rms[i];
+    }
     tail_row_switched(switches, xi, r, gain, scale, residual ? residual + i * cols : NULL,
                       row_hash ? (uint32_t)row_hash[i] : 0u, col_hash, threshold,
                       y + i * cols, live ? live + i * cols : NULL, cols);

@@ -39,7 +39,6 @@ __all__ = [
     "usable",
     "row_square_sums",
     "tail_forward",
-    "norm_tail_forward",
     "norm_backward",
     "add_row_scaled",
     "masked_grad",
@@ -57,8 +56,7 @@ _LIBRARIES = ("-lm",)
 # ctypes signatures: p pointer (None for NULL), i int64, n int (threads), f float, s int32
 _SIGNATURES = {
     "row_square_sums": "ppiin",
-    "tail_forward": "pppfnpppsppiin",
-    "norm_tail_forward": "ppfnpppsffpppiin",
+    "tail_forward": "ppnffpfnpppsppiin",
     "norm_backward": "pppppfpppniin",
     "add_row_scaled": "pppiin",
     "masked_grad": "ppfpiin",
@@ -146,7 +144,7 @@ def load() -> ctypes.CDLL | None:
             function.argtypes = [_CTYPES[code] for code in signature]
             function.restype = None
         _library = library
-    except (OSError, RuntimeError) as error:
+    except (OSError, RuntimeError, AttributeError) as error:  # AttributeError: a symbol
         _load_failure = str(error)
         _log.warning("native CPU kernels unavailable, running eager kernels: %s", error)
     return _library
@@ -194,70 +192,38 @@ def tail_forward(
     row_hash: torch.Tensor | None,
     col_hash: torch.Tensor | None,
     threshold: int,
+    width: int,
+    eps: float,
     out: torch.Tensor,
     live_out: torch.Tensor | None,
-) -> None:
+) -> torch.Tensor | None:
     """The tail's forward (see ``cpu_kernels.c``) into ``out`` and, if given,
-    ``live_out``. ``gain`` already carries the dropout scale; ``scale`` is used only
-    without the norm; ``row_hash`` ``None`` means no dropout."""
+    ``live_out``. ``gain`` (``None``: no norm) already carries the dropout scale;
+    ``scale`` is used only without the norm; ``row_hash`` ``None`` means no dropout.
+    With the norm and ``inv_rms`` ``None`` (the rows' columns are all here) the inverse
+    RMS is computed in the same pass (``width``, ``eps``); returns ``inv_rms``."""
     x, inv_rms, gain, residual, row_hash, col_hash = (
         None if t is None else t.contiguous()
         for t in (x, inv_rms, gain, residual, row_hash, col_hash)
     )
     rows, cols = x.shape
+    compute_rms = gain is not None and inv_rms is None
+    if compute_rms:
+        inv_rms = x.new_empty(rows, 1)
     _call(
         "tail_forward",
         _ptr(x),
         _ptr(inv_rms),
-        _ptr(gain),
-        scale,
-        int(relu),
-        _ptr(residual),
-        _ptr(row_hash),
-        _ptr(col_hash),
-        threshold,
-        _ptr(out),
-        _ptr(live_out),
-        rows,
-        cols,
-        torch.get_num_threads(),
-    )
-
-
-def norm_tail_forward(
-    x: torch.Tensor,
-    gain: torch.Tensor,
-    scale: float,
-    relu: bool,
-    residual: torch.Tensor | None,
-    row_hash: torch.Tensor | None,
-    col_hash: torch.Tensor | None,
-    threshold: int,
-    width: int,
-    eps: float,
-    out: torch.Tensor,
-    live_out: torch.Tensor | None,
-) -> torch.Tensor:
-    """:func:`tail_forward` with the norm for rows whose columns are all on this rank:
-    the square sums taken in the same pass; returns ``inv_rms`` ``(rows, 1)``."""
-    x, gain, residual, row_hash, col_hash = (
-        None if t is None else t.contiguous() for t in (x, gain, residual, row_hash, col_hash)
-    )
-    rows, cols = x.shape
-    inv_rms = x.new_empty(rows, 1)
-    _call(
-        "norm_tail_forward",
-        _ptr(x),
-        _ptr(gain),
-        scale,
-        int(relu),
-        _ptr(residual),
-        _ptr(row_hash),
-        _ptr(col_hash),
-        threshold,
+        int(compute_rms),
         float(width),
         eps,
-        _ptr(inv_rms),
+        _ptr(gain),
+        scale,
+        int(relu),
+        _ptr(residual),
+        _ptr(row_hash),
+        _ptr(col_hash),
+        threshold,
         _ptr(out),
         _ptr(live_out),
         rows,

@@ -43,7 +43,6 @@ __all__ = [
     "hashed_dropout",
     "tail_forward",
     "tail_backward",
-    "norm_tail_forward",
     "rms_scale_backward",
     "RowReducer",
     "LocalRows",
@@ -87,21 +86,30 @@ def tail_forward(
     rate: float,
     keep_mask: bool,
     relu: bool = True,
+    width: int = 0,
+    eps: float = 0.0,
     out: torch.Tensor | None = None,
     live_out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The tail's forward kernel: ``(y, live)``.
+    inv_rms_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The tail's forward kernel: ``(y, live, inv_rms)``.
 
-    ``inv_rms`` ``(rows, 1)`` and ``gain`` ``(cols,)`` are ``None`` without RMSNorm,
-    ``residual`` ``None`` without the residual, ``row_hash`` ``(rows, 1)`` and
-    ``col_hash`` ``(1, cols)`` ``None`` without dropout (``rate`` 0). ``live`` (0/1
-    ``(rows, cols)`` bytes, only if ``keep_mask``) marks the elements that pass ReLU and
-    dropout: the tail's derivative there is ``inv_rms * gain / (1 - rate)``, elsewhere 0.
-    ``relu`` ``False`` (the final RMSNorm: with the norm, no dropout, no mask) leaves
-    the ReLU out. ``out`` and ``live_out``, if given, receive ``y`` and ``live`` (no copy).
+    ``gain`` ``(cols,)`` is ``None`` without RMSNorm; with it, ``inv_rms`` ``(rows, 1)``
+    is the rows' inverse RMS or, for rows whose columns are all here, ``None``: then it
+    is computed from ``x`` in the same pass, :math:`(s / d + \\epsilon)^{-1/2}` with
+    ``width`` :math:`d` and ``eps``, and returned. ``residual`` ``None`` without the
+    residual, ``row_hash`` ``(rows, 1)`` and ``col_hash`` ``(1, cols)`` ``None`` without
+    dropout (``rate`` 0). ``live`` (0/1 ``(rows, cols)`` bytes, only if ``keep_mask``)
+    marks the elements that pass ReLU and dropout: the tail's derivative there is
+    ``inv_rms * gain / (1 - rate)``, elsewhere 0. ``relu`` ``False`` (the final RMSNorm:
+    with the norm, no dropout, no mask) leaves the ReLU out. ``out``, ``live_out`` and
+    ``inv_rms_out``, if given, receive ``y``, ``live`` and ``inv_rms`` (no copy).
     """
     scale = 1.0 / (1.0 - rate)
-    if inv_rms is not None:
+    if gain is not None and inv_rms is None:
+        inv_rms = torch.sum(x * x, dim=1, keepdim=True, out=inv_rms_out)
+        inv_rms = torch.rsqrt(inv_rms / width + eps, out=inv_rms_out)
+    if gain is not None:
         # A positive scale commutes with ReLU: fold the dropout scale into the gain.
         z = torch.mul(x, inv_rms, out=out)
         z.mul_(gain * scale)
@@ -122,7 +130,7 @@ def tail_forward(
         live = (z > 0).to(torch.uint8)
     if residual is not None:
         z = z.add_(residual)
-    return z, live
+    return z, live, inv_rms
 
 
 def tail_backward(
@@ -226,72 +234,19 @@ def tail_forward_blocked(
     rate: float,
     keep_mask: bool,
     relu: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`tail_forward` block of rows by block of rows (the eager kernel)."""
+    width: int = 0,
+    eps: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`tail_forward` block of rows by block of rows (the eager kernel; a block's
+    square sums are taken while it is in cache)."""
     y = torch.empty_like(x)
     live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
-    for rows in row_blocks(x):  # each block is written in place into its rows of y and live
+    local_norm = gain is not None and inv_rms is None
+    inv_rms_out = x.new_empty(x.shape[0], 1) if local_norm else None
+    for rows in row_blocks(x):  # each block is written in place into its rows of the outputs
         tail_forward(
             x[rows],
             _rows(inv_rms, rows),
-            gain,
-            _rows(residual, rows),
-            _rows(row_hash, rows),
-            col_hash,
-            rate,
-            keep_mask,
-            relu,
-            out=y[rows],
-            live_out=_rows(live, rows),
-        )
-    return y, live
-
-
-def norm_tail_forward(
-    x: torch.Tensor,
-    gain: torch.Tensor,
-    residual: torch.Tensor | None,
-    row_hash: torch.Tensor | None,
-    col_hash: torch.Tensor | None,
-    rate: float,
-    keep_mask: bool,
-    relu: bool,
-    width: int,
-    eps: float,
-    out: torch.Tensor | None = None,
-    live_out: torch.Tensor | None = None,
-    inv_rms_out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """The square sums, the inverse RMS and :func:`tail_forward` of rows whose columns
-    are all here: ``(y, live, inv_rms)``."""
-    inv_rms = torch.sum(x * x, dim=1, keepdim=True, out=inv_rms_out)
-    inv_rms = torch.rsqrt(inv_rms / width + eps, out=inv_rms_out)
-    y, live = tail_forward(
-        x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask, relu, out, live_out
-    )
-    return y, live, inv_rms
-
-
-def norm_tail_forward_blocked(
-    x: torch.Tensor,
-    gain: torch.Tensor,
-    residual: torch.Tensor | None,
-    row_hash: torch.Tensor | None,
-    col_hash: torch.Tensor | None,
-    rate: float,
-    keep_mask: bool,
-    relu: bool,
-    width: int,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """:func:`norm_tail_forward` block of rows by block of rows (each block read while
-    in cache; the eager kernel)."""
-    y = torch.empty_like(x)
-    live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
-    inv_rms = x.new_empty(x.shape[0], 1)
-    for rows in row_blocks(x):
-        norm_tail_forward(
-            x[rows],
             gain,
             _rows(residual, rows),
             _rows(row_hash, rows),
@@ -303,9 +258,9 @@ def norm_tail_forward_blocked(
             eps,
             out=y[rows],
             live_out=_rows(live, rows),
-            inv_rms_out=inv_rms[rows],
+            inv_rms_out=_rows(inv_rms_out, rows),
         )
-    return y, live, inv_rms
+    return y, live, inv_rms if inv_rms_out is None else inv_rms_out
 
 
 def tail_backward_blocked(
@@ -363,48 +318,19 @@ def _tail_forward_native(
     rate: float,
     keep_mask: bool,
     relu: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    width: int = 0,
+    eps: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """:func:`tail_forward` as one native loop (float32 CPU tensors)."""
     scale = 1.0 / (1.0 - rate)
     y = torch.empty_like(x)
     live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
     dropout = rate > 0
-    cpu_kernels.tail_forward(
+    inv_rms = cpu_kernels.tail_forward(
         x,
         inv_rms,
         None if gain is None else gain * scale,
         scale,
-        relu,
-        residual,
-        row_hash if dropout else None,
-        col_hash if dropout else None,
-        keep_threshold(rate) if dropout else 0,
-        y,
-        live,
-    )
-    return y, live
-
-
-def _norm_tail_forward_native(
-    x: torch.Tensor,
-    gain: torch.Tensor,
-    residual: torch.Tensor | None,
-    row_hash: torch.Tensor | None,
-    col_hash: torch.Tensor | None,
-    rate: float,
-    keep_mask: bool,
-    relu: bool,
-    width: int,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """:func:`norm_tail_forward_blocked` as one native loop (float32 CPU tensors)."""
-    y = torch.empty_like(x)
-    live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
-    dropout = rate > 0
-    inv_rms = cpu_kernels.norm_tail_forward(
-        x,
-        gain * (1.0 / (1.0 - rate)),
-        1.0,
         relu,
         residual,
         row_hash if dropout else None,
@@ -553,14 +479,12 @@ class LayerTail:
         self._native: dict[str, Callable[..., Any]] = {
             "square_sums": _square_sums_native,
             "forward": _tail_forward_native,
-            "norm_forward": _norm_tail_forward_native,
             "backward": _tail_backward_native,
             "finish": cpu_kernels.add_row_scaled,
         }
         self._eager: dict[str, Callable[..., Any]] = {
             "square_sums": square_sums_blocked,
             "forward": tail_forward_blocked,
-            "norm_forward": norm_tail_forward_blocked,
             "backward": tail_backward_blocked,
             "finish": add_square_sum_grad_blocked,
         }
@@ -568,7 +492,6 @@ class LayerTail:
         self._compiled = (
             {
                 "forward": torch.compile(tail_forward, dynamic=True),
-                "norm_forward": torch.compile(norm_tail_forward, dynamic=True),
                 "backward": torch.compile(tail_backward, dynamic=True),
             }
             if fuse
@@ -576,8 +499,7 @@ class LayerTail:
         )
 
     def run(self, kernel: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``kernel`` (``"square_sums"``, ``"forward"``, ``"norm_forward"`` (square sums
-        and forward in one pass), ``"backward"``, ``"finish"``):
+        """Run ``kernel`` (``"square_sums"``, ``"forward"``, ``"backward"``, ``"finish"``):
         compiled with fusion on (all but the square sums and the completion), else native
         where the tensors allow it, else eager."""
         if self.fused and kernel in self._compiled:
@@ -615,25 +537,10 @@ class LayerTail:
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The forward kernels without autograd: ``(y, live, inv_rms)`` (``live`` for
         backward if ``keep_mask``; ``inv_rms`` ``None`` without the norm)."""
-        inv_rms = None
         if gain is not None and statistics is None:
             raise ValueError("the norm needs the row statistics' reducer (statistics=...)")
-        if gain is not None and statistics.local:  # square sums and tail in one pass
-            with profiler.region("elementwise"):
-                return self.run(
-                    "norm_forward",
-                    x,
-                    gain,
-                    residual,
-                    row_hash,
-                    col_hash,
-                    rate,
-                    keep_mask,
-                    relu,
-                    width,
-                    eps,
-                )
-        if gain is not None:
+        inv_rms = None  # with the norm on whole rows: computed in the forward's pass
+        if gain is not None and not statistics.local:
             with profiler.region("elementwise"):
                 square_sum = self.run("square_sums", x)
             # Statistics stay float32 even when PMM traffic is bfloat16.
@@ -641,10 +548,20 @@ class LayerTail:
             with profiler.region("elementwise"):
                 inv_rms = torch.rsqrt(square_sum / width + eps)
         with profiler.region("elementwise"):
-            y, live = self.run(
-                "forward", x, inv_rms, gain, residual, row_hash, col_hash, rate, keep_mask, relu
+            return self.run(
+                "forward",
+                x,
+                inv_rms,
+                gain,
+                residual,
+                row_hash,
+                col_hash,
+                rate,
+                keep_mask,
+                relu,
+                width,
+                eps,
             )
-        return y, live, inv_rms
 
     def __call__(
         self,
