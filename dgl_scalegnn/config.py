@@ -116,9 +116,12 @@ class ModelConfig:
     false with ``norm`` and ``residual`` false is Kipf & Welling's GCN (DGL's GraphConv
     stack, without biases). A residual joins only layers whose input and output widths
     agree; it adds the layer's input (``residual_from: input``, the paper's form) or the
-    layer's input after aggregation, :math:`\tilde A X_{h,l-1}` (``aggregated``).
+    layer's input after aggregation, :math:`\\tilde A X_{h,l-1}` (``aggregated``).
     ``final_norm`` applies an RMSNorm (with its own gain) to the head's input (the paper
-    has none).
+    has none). ``rms_eps`` is every RMSNorm's :math:`\\epsilon` in
+    :math:`x (s / d + \\epsilon)^{-1/2}`: against the activations' mean square it decides
+    how far the norm equalises the rows' magnitudes (on Cora, mean square about 0.003,
+    1.0 keeps small rows small and matches the GCN's accuracy; 1e-6 costs 2.4 points).
     """
 
     hidden: int = 128
