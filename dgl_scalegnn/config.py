@@ -65,6 +65,23 @@ DATASET_NAMES = (
 )
 
 
+def default_cache_dir() -> Path:
+    """Where staged raw files, DGL's processed caches, prepared graphs and the native
+    kernels' builds go.
+
+    Returns
+    -------
+    Path
+        ``$SCALEGNN_CACHE_DIR``, or ``dgl_scalegnn`` in the user's cache directory
+        (``$XDG_CACHE_HOME``, by default ``~/.cache``).
+    """
+    configured = os.environ.get("SCALEGNN_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    user_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(user_cache) / "dgl_scalegnn"
+
+
 @dataclass(frozen=True)
 class SyntheticConfig:
     """The built-in generator (see :mod:`dgl_scalegnn.data.synthetic`)."""

@@ -191,11 +191,11 @@ def test_without_a_compiler_the_tail_runs_eagerly_and_says_so(monkeypatch, tmp_p
 def test_ranks_share_one_build_in_the_cache(tmp_path):
     """Two processes building at once both load the kernels; one file stays in the cache."""
     code = "from dgl_scalegnn.parallel import cpu_kernels; assert cpu_kernels.load() is not None"
-    env = {**os.environ, "SCALEGNN_KERNEL_CACHE": str(tmp_path)}
+    env = {**os.environ, "SCALEGNN_CACHE_DIR": str(tmp_path)}
     processes = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
     try:
         assert [p.wait(timeout=120) for p in processes] == [0, 0]
     finally:
         for process in processes:
             process.kill()
-    assert [p.suffix for p in tmp_path.iterdir()] == [".so"]
+    assert [p.suffix for p in (tmp_path / "kernels").iterdir()] == [".so"]

@@ -2,7 +2,7 @@
 builds the whole graph on every rank.
 
 A cached graph lives in ``<cache>/prepared/<name>-<key>/`` (``<cache>`` is
-:func:`~dgl_scalegnn.data.datasets.default_cache_dir`), where ``<key>`` hashes every
+:func:`~dgl_scalegnn.config.default_cache_dir`), where ``<key>`` hashes every
 setting that changes the prepared bytes (:func:`cache_settings`, which includes the
 package version). Next to
 ``meta.json`` it holds ``cache.json``: those settings and the size and modification
@@ -35,8 +35,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import dgl_scalegnn
-from dgl_scalegnn.config import DataConfig
-from dgl_scalegnn.data.datasets import default_cache_dir, load_source, source_files
+from dgl_scalegnn.config import DataConfig, default_cache_dir
+from dgl_scalegnn.data.datasets import load_source, source_files
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import FORMAT_VERSION, open_prepared
 from dgl_scalegnn.data.streaming import DEFAULT_MEMORY_GB, MemoryBudget, prepare_streaming

@@ -53,7 +53,13 @@ import numpy as np
 import torch
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import DATASET_NAMES, DataConfig, SyntheticConfig, registry
+from dgl_scalegnn.config import (
+    DATASET_NAMES,
+    DataConfig,
+    SyntheticConfig,
+    default_cache_dir,
+    registry,
+)
 from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.graph import REQUIRED_NDATA, DatasetError, NodeDataset
 from dgl_scalegnn.data.source import GraphSource, source_from_dataset
@@ -62,7 +68,6 @@ __all__ = [
     "OGB_LAYOUTS",
     "OgbLayout",
     "dataset_from_graph",
-    "default_cache_dir",
     "load_dataset",
     "load_source",
     "source_files",
@@ -309,22 +314,6 @@ def source_files(cfg: DataConfig) -> list[Path]:
         splits = sorted(split_dir.iterdir()) if split_dir.is_dir() else []
         return [dataset_dir / layout.release_marker, *splits]
     return []
-
-
-def default_cache_dir() -> Path:
-    """Where staged raw files, DGL's processed caches and prepared graphs go.
-
-    Returns
-    -------
-    Path
-        ``$SCALEGNN_CACHE_DIR``, or ``dgl_scalegnn`` in the user's cache directory
-        (``$XDG_CACHE_HOME``, by default ``~/.cache``).
-    """
-    configured = os.environ.get("SCALEGNN_CACHE_DIR")
-    if configured:
-        return Path(configured)
-    user_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(user_cache) / "dgl_scalegnn"
 
 
 def _data_root(cfg: DataConfig) -> Path:

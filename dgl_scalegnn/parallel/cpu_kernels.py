@@ -5,9 +5,10 @@ operation and ``torch.compile`` measured slower still; these C loops
 (``cpu_kernels.c``) read each input once and write each output once. They are built on
 first use with the system C compiler (``$CC``, else ``cc``; ``-O3 -fopenmp``, no fused
 multiply-adds, and ``-march=native`` where the compiler takes it: the vector width of
-this CPU) into a cache directory (``$SCALEGNN_KERNEL_CACHE``, else
-``~/.cache/dgl_scalegnn``) keyed by the source, the compiler and the machine, and
-linked against the OpenMP runtime torch has loaded, so that they share its threads.
+this CPU) into ``kernels/`` of the cache directory
+(:func:`~dgl_scalegnn.config.default_cache_dir`) keyed by the source, the compiler and
+the machine, and linked against the OpenMP runtime torch has loaded, so that they share
+its threads.
 Where no compiler works, or for tensors that are not float32 on CPU (CUDA, bfloat16),
 the callers run their eager torch kernels: :func:`usable` tells them.
 
@@ -33,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from dgl_scalegnn.config import default_cache_dir
 
 __all__ = [
     "load",
@@ -89,14 +92,6 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
-def _cache_dir() -> Path:
-    configured = os.environ.get("SCALEGNN_KERNEL_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dgl_scalegnn"
-
-
 def _build(compiler: str) -> Path:
     """Compile the source once per (source, compiler, flags, machine); atomic on disk,
     so concurrent ranks may build at the same time."""
@@ -107,7 +102,7 @@ def _build(compiler: str) -> Path:
     key = hashlib.sha256(
         "\n".join((_SOURCE.read_text(), compiler, version, flags, _machine_key())).encode()
     ).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_kernels_{key}.so"
+    target = default_cache_dir() / "kernels" / f"cpu_kernels_{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
