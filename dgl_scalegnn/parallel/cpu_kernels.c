@@ -120,6 +120,13 @@ void tail_forward(const float *restrict x, float *restrict inv_rms, int compute_
   }
 }
 
+/* out[j] += x[j] * twice: one row's part of the gradient through its square sum. */
+INLINE void add_scaled_row(float *restrict out, const float *restrict xi, float twice,
+                           int64_t cols) {
+#pragma omp simd
+  for (int64_t j = 0; j < cols; ++j) out[j] += xi[j] * twice;
+}
+
 /* One row of norm_backward: returns sum_j m x gain and adds m x r into partial. */
 INLINE float norm_backward_row(const float *restrict gi, const uint8_t *restrict li,
                                const float *restrict xi, float r,
@@ -163,11 +170,7 @@ void norm_backward(const float *restrict grad, const uint8_t *restrict live,
                : norm_backward_row(grad + i * cols, NULL, xi, r, gain, partial, out, cols, 0);
       const float g = sum * (r * r * r) * (-0.5f / width);
       row_grad[i] = g;
-      if (finish) {
-        const float twice = 2.0f * g;
-#pragma omp simd
-        for (int64_t j = 0; j < cols; ++j) out[j] += xi[j] * twice; /* row still in cache */
-      }
+      if (finish) add_scaled_row(out, xi, 2.0f * g, cols); /* the row is still in cache */
     }
   }
 }
@@ -177,13 +180,8 @@ void add_row_scaled(float *restrict grad_x, const float *restrict x,
                     const float *restrict row_grad, int64_t rows, int64_t cols,
                     int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t i = 0; i < rows; ++i) {
-    const float *restrict xi = x + i * cols;
-    float *restrict out = grad_x + i * cols;
-    const float twice = 2.0f * row_grad[i];
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) out[j] += xi[j] * twice;
-  }
+  for (int64_t i = 0; i < rows; ++i)
+    add_scaled_row(grad_x + i * cols, x + i * cols, 2.0f * row_grad[i], cols);
 }
 
 /* Backward of tail_forward without the norm: grad_x = grad * live * scale. */
