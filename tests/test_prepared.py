@@ -25,6 +25,7 @@ from dgl_scalegnn.data.prepared import (
 from dgl_scalegnn.data.streaming import prepare_streaming
 from dgl_scalegnn.data.synthetic import generate, synthetic_source
 from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.sampling import store as store_module
 from dgl_scalegnn.sampling.store import RankStore
 from tests.helpers import SHARED_DATA
 
@@ -173,3 +174,21 @@ def test_rank_of_2x2x2_grid_reads_only_its_share(synthetic_dir):
             f"rank {rank}: share {expected} B, read {store.bytes_read} B, "
             f"resident {store.nbytes()} B of {whole} B prepared"
         )
+
+
+def test_rank_drops_the_pages_of_what_it_copied_and_keeps_its_views(synthetic_dir, monkeypatch):
+    # The features' column range is a copy: every column of its rows was read through the
+    # mapping, and those pages must leave the rank's resident set; on 1x1x1x1 the
+    # features are a view of the mapping, whose pages are the data in use.
+    _, directory = synthetic_dir
+    released: list[np.ndarray] = []
+    monkeypatch.setattr(store_module, "release_pages", released.append)
+    mapped = open_prepared(directory)
+    split = RankStore(mapped, Grid4D.view(GridShape.parse("1x1x1x2"), 1), num_layers=2)
+    assert not np.may_share_memory(split.features.numpy(), mapped.features)
+    assert any(np.may_share_memory(array, mapped.features) for array in released)
+    released.clear()
+    whole = RankStore(mapped, Grid4D.view(GridShape.parse("1x1x1x1"), 0), num_layers=2)
+    assert np.may_share_memory(whole.features.numpy(), mapped.features)
+    assert not any(np.may_share_memory(array, mapped.features) for array in released)
+    assert any(np.may_share_memory(array, mapped.adjacency.cols) for array in released)
