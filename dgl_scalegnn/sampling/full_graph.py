@@ -49,17 +49,20 @@ DEFAULT_CHUNK_ROWS = 65536
 
 def default_chunk_rows(tp_size: int) -> int:
     """Output rows per chunk and rank on ``tp_size`` tensor-parallel ranks:
-    :data:`DEFAULT_CHUNK_ROWS` shared out among them (at least 1024).
+    :data:`DEFAULT_CHUNK_ROWS` shared out among half as many ranks (at least 1024, at
+    most :data:`DEFAULT_CHUNK_ROWS`).
 
     A rank's share of the graph shrinks with ``tp_size`` but its fixed cost (the
     interpreter, torch and DGL: about 384 MB) does not, so the chunk's temporaries shrink
-    too: on 1x2x2x2 with the 1M sparse graph, 8192 rows per rank kept every rank's peak
-    at 0.95-0.99 GB against 1.14-1.27 GB with 65536, for an evaluation 10-15% slower.
+    too; but every chunk costs each layer three or four collectives, whose latency
+    dominates on many ranks. On 1x2x2x2 with the 1M sparse graph (two rounds each, two
+    runs): 8192 rows per rank evaluated in 8.1-9.9 s with peaks of 808-845 MB a rank,
+    16384 in 7.0-9.0 s with 824-880 MB, 32768 in 6.9-8.3 s with 862-932 MB.
 
     >>> default_chunk_rows(1), default_chunk_rows(8), default_chunk_rows(512)
-    (65536, 8192, 1024)
+    (65536, 16384, 1024)
     """
-    return max(1024, DEFAULT_CHUNK_ROWS // tp_size)
+    return min(DEFAULT_CHUNK_ROWS, max(1024, 2 * DEFAULT_CHUNK_ROWS // tp_size))
 
 
 @dataclass(frozen=True)
