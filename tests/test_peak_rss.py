@@ -8,12 +8,12 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from dgl_scalegnn.train.heap import release_free_heap
+from dgl_scalegnn.train import heap
+from dgl_scalegnn.train.heap import HeapGrowthBound, release_free_heap, resident_mb
 from dgl_scalegnn.train.trainer import peak_rss_mb
 
 _CHILD = "from dgl_scalegnn.train.trainer import peak_rss_mb; print(peak_rss_mb())"
@@ -30,11 +30,6 @@ def test_child_does_not_inherit_the_parents_peak() -> None:
     del held
 
 
-def _resident_mb() -> float:
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def test_release_free_heap_returns_what_a_thread_freed() -> None:
     """What a thread frees stays in its malloc arena (the growth between evaluations)
     until :func:`release_free_heap` gives it back."""
@@ -47,9 +42,44 @@ def test_release_free_heap_returns_what_a_thread_freed() -> None:
     worker = threading.Thread(target=allocate_and_free)
     worker.start()
     worker.join()
-    before = _resident_mb()
+    before = resident_mb()
     assert release_free_heap()
-    assert _resident_mb() < before - 150, (before, _resident_mb())
+    assert resident_mb() < before - 150, (before, resident_mb())
+
+
+def test_heap_growth_bound_releases_only_past_a_quarter_of_the_first_steps_growth(
+    monkeypatch,
+) -> None:
+    readings = iter([500.0, 700.0, 740.0, 760.0, 745.0, 800.0])  # MB: start, then steps
+    released: list[bool] = []
+    monkeypatch.setattr(heap, "resident_mb", lambda: next(readings))
+    monkeypatch.setattr(heap, "release_free_heap", lambda: released.append(True) or True)
+    bound = HeapGrowthBound(slack=0.25)  # limit: 700 + 0.25 * (700 - 500) = 750 MB
+    assert [bound.after_step() for _ in range(5)] == [False, False, True, False, True]
+    assert len(released) == bound.releases == 2
+
+
+_GROWTH = """
+import torch
+from dgl_scalegnn.train.heap import HeapGrowthBound, resident_mb, reuse_freed_heap
+assert reuse_freed_heap()
+bound = HeapGrowthBound(slack=0.25)
+step = [torch.ones(4 << 20, dtype=torch.uint8) for _ in range(16)]  # the first step: 64 MB
+del step  # kept by the heap for the next step
+assert not bound.after_step()  # sets the bound: 64 MB + a quarter above the start
+grown = [torch.ones(4 << 20, dtype=torch.uint8) for _ in range(56)]  # a later step: 224 MB
+del grown
+before = resident_mb()
+print(bound.after_step(), before - resident_mb())
+"""
+
+
+def test_heap_growth_bound_gives_back_what_a_grown_heap_holds_free() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _GROWTH], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == "True"
+    assert float(out[1]) > 100, out  # 160 MB above the first step's heap given back
 
 
 # A fresh interpreter, so the switch does not change the heap of the test process.

@@ -37,7 +37,12 @@ from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import sample_vertices
 from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from dgl_scalegnn.train.heap import release_free_heap, return_freed_heap, reuse_freed_heap
+from dgl_scalegnn.train.heap import (
+    HeapGrowthBound,
+    release_free_heap,
+    return_freed_heap,
+    reuse_freed_heap,
+)
 from dgl_scalegnn.train.metrics import MetricsWriter
 
 __all__ = ["Trainer", "NonFiniteError", "peak_rss_mb"]
@@ -250,6 +255,7 @@ class Trainer:
         if cfg.sampling.prefetch:
             self._prefetcher = Prefetcher(self.sample, self.runtime.profiler, self.device)
         reuse_freed_heap()  # a step's large blocks stay for the next step
+        self.heap_bound = HeapGrowthBound()  # ... until fragmentation has grown the heap
         try:
             while progress.epoch < cfg.train.epochs and not reached:
                 reached = self._run_epoch(bar)
@@ -304,6 +310,7 @@ class Trainer:
             batch = self._batch(progress.global_step)
             sample_seconds = time.perf_counter() - start
             loss = self.train_step(batch)
+            self.heap_bound.after_step()
             step_seconds = time.perf_counter() - start
             progress.train_seconds += step_seconds
             breakdown = profiler.snapshot(reset=True)
