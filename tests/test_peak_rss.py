@@ -48,26 +48,31 @@ def test_release_free_heap_returns_what_a_thread_freed() -> None:
     assert resident_mb() < before - 150, (before, resident_mb())
 
 
-def test_heap_growth_bound_releases_only_past_a_quarter_of_the_first_steps_growth(
+def test_heap_growth_bound_releases_past_a_quarter_of_the_first_step_or_its_floor(
     monkeypatch,
 ) -> None:
-    readings = iter([500.0, 700.0, 740.0, 760.0, 745.0, 800.0])  # MB: start, then steps
     released: list[bool] = []
-    monkeypatch.setattr(heap, "resident_mb", lambda: next(readings))
     monkeypatch.setattr(heap, "release_free_heap", lambda: released.append(True) or True)
-    bound = HeapGrowthBound(slack=0.25)  # limit: 700 + 0.25 * (700 - 500) = 750 MB
+    # start 500 MB, first step 700: limit 700 + max(0.25 * 200, 0.05 * 700) = 750 MB
+    readings = iter([500.0, 700.0, 740.0, 760.0, 745.0, 800.0])
+    monkeypatch.setattr(heap, "resident_mb", lambda: next(readings))
+    bound = HeapGrowthBound(slack=0.25, floor=0.05)
     assert [bound.after_step() for _ in range(5)] == [False, False, True, False, True]
     assert len(released) == bound.releases == 2
+    # a small first step (700 -> 720): the floor sets the limit, 720 + 36 = 756 MB
+    readings = iter([700.0, 720.0, 750.0, 760.0])
+    bound = HeapGrowthBound(slack=0.25, floor=0.05)
+    assert [bound.after_step() for _ in range(3)] == [False, False, True]
 
 
 _GROWTH = """
 import torch
 from dgl_scalegnn.train.heap import HeapGrowthBound, resident_mb, reuse_freed_heap
 assert reuse_freed_heap()
-bound = HeapGrowthBound(slack=0.25)
+bound = HeapGrowthBound(slack=0.25, floor=0.0)
 step = [torch.ones(4 << 20, dtype=torch.uint8) for _ in range(16)]  # the first step: 64 MB
 del step  # kept by the heap for the next step
-assert not bound.after_step()  # sets the bound: 64 MB + a quarter above the start
+assert not bound.after_step()  # sets the bound: a quarter of 64 MB above the first step
 grown = [torch.ones(4 << 20, dtype=torch.uint8) for _ in range(56)]  # a later step: 224 MB
 del grown
 before = resident_mb()
