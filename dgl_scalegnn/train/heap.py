@@ -134,7 +134,7 @@ class HeapGrowthBound:
     at least ``floor`` times the level; the next step faults back in what it uses. The
     floor keeps small steps, whose growth is small beside their noise, from releasing
     every few steps (B = 25k on 1x2x2x2: a release in 21-27% of the steps without it,
-    11-15% with it; at B = 100k about 30%, peak 0.89-0.97 GB a rank).
+    11-15% with it; at B = 100k 25%, for a peak of 0.88-0.98 GB a rank).
 
     >>> bound = HeapGrowthBound()
     >>> bound.after_step() in (True, False)
