@@ -167,14 +167,18 @@ class SamplingConfig:
 class TrainConfig:
     """Epochs of ``ceil(N / batch_size) / Gd`` steps with full-graph evaluation.
 
-    Evaluation runs every ``eval_every`` epochs or, when ``eval_every_steps`` is set,
-    every that many steps instead (on large graphs an epoch is many seconds, and a time
-    to target rounded up to whole epochs says little); always after the last step.
+    Evaluation runs every ``eval_every`` epochs or, when ``eval_every_steps`` or
+    ``eval_at_steps`` is set, on a schedule of steps instead (on large graphs an epoch is
+    many seconds, and a time to target rounded up to whole epochs says little): every
+    ``eval_every_steps`` steps and after each step count in ``eval_at_steps`` (a list,
+    e.g. log-spaced to read a time to target within a constant factor with few
+    evaluations); always after the last step.
     """
 
     epochs: int = 20
     eval_every: int = 1
     eval_every_steps: int | None = None
+    eval_at_steps: tuple[int, ...] = ()
     target_metric: str = "val_acc"
     target_acc: float | None = None
     seed: int = 0
@@ -364,6 +368,8 @@ def _check_choices_and_ranges(cfg: Config) -> None:
         positive("train.max_steps", cfg.train.max_steps)
     if cfg.train.eval_every_steps is not None:
         positive("train.eval_every_steps", cfg.train.eval_every_steps)
+    for step in cfg.train.eval_at_steps:
+        positive("train.eval_at_steps", step)
     if cfg.data.name == "dgl" and not cfg.data.path and not cfg.data.prepared:
         raise ConfigError("data.path: name 'dgl' needs the file written by dgl.save_graphs")
     syn = cfg.data.synthetic
@@ -399,6 +405,11 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
             return None
         inner = [option for option in options if option is not type(None)]
         return _coerce(key, inner[0], value)
+    if origin is tuple:  # tuple[T, ...]: a YAML list
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        item = typing.get_args(annotation)[0]
+        return tuple(_coerce(f"{key}[{i}]", item, v) for i, v in enumerate(value))
     if dataclasses.is_dataclass(annotation):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dgl_scalegnn.config import config_from_mapping
+from dgl_scalegnn.config import ConfigError, config_from_mapping, load_config
 from dgl_scalegnn.profiling import COMPONENTS
 from dgl_scalegnn.train.metrics import read_metrics
 from dgl_scalegnn.train.run import run_training
@@ -33,6 +33,26 @@ def test_eval_every_steps_evaluates_mid_epoch_and_after_the_last_step(tmp_path):
     # training time only grows between evaluations, and excludes them
     times = [e["elapsed_train_s"] for e in evals]
     assert times == sorted(times) and times[-1] == summary["train_s"]
+
+
+def test_eval_at_steps_evaluates_after_the_listed_steps_and_the_last(tmp_path):
+    _, evals = _train(tmp_path, {"eval_at_steps": [9, 2, 3, 40]})
+    assert [e["step"] for e in evals] == [2, 3, 9, 12]  # 40 is past the last step
+    _, evals = _train(tmp_path / "both", {"eval_at_steps": [2, 9], "eval_every_steps": 5})
+    assert [e["step"] for e in evals] == [2, 5, 9, 10, 12]
+
+
+def test_eval_at_steps_is_a_list_of_positive_step_counts(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  eval_at_steps: [15, 30]\n")
+    assert load_config(path).train.eval_at_steps == (15, 30)
+    assert load_config(None, ["train.eval_at_steps=[4,8]"]).train.eval_at_steps == (4, 8)
+    with pytest.raises(ConfigError, match=r"train\.eval_at_steps: expected a list, got int"):
+        config_from_mapping({"train": {"eval_at_steps": 5}})
+    with pytest.raises(ConfigError, match=r"train\.eval_at_steps\[1\]: expected int, got str"):
+        config_from_mapping({"train": {"eval_at_steps": [5, "x"]}})
+    with pytest.raises(ConfigError, match=r"train\.eval_at_steps: got 0; it must be at least 1"):
+        config_from_mapping({"train": {"eval_at_steps": [5, 0]}})
 
 
 def test_eval_every_epochs_is_the_default_cadence(tmp_path):

@@ -4,7 +4,8 @@ Each data-parallel group ``d`` draws its own sample at global step ``t`` from
 ``(sampling.seed, d, t)``; all ranks of the group share it, so each builds its shard
 of the batch alone. An epoch is ``ceil(ceil(N / B) / Gd)`` steps. After backward the
 gradients are averaged over the DP group and one Adam step follows. Every
-``eval_every`` epochs (or ``eval_every_steps`` steps) the whole normalised graph is
+``eval_every`` epochs (or on the step schedule of ``eval_every_steps`` and
+``eval_at_steps``) the whole normalised graph is
 evaluated by one distributed forward pass (no sampling); training stops at the target
 accuracy or after the last epoch. The summary records each rank's peak resident memory.
 Training time excludes evaluation, as the paper reports it.
@@ -261,7 +262,7 @@ class Trainer:
                 reached = self._run_epoch(bar)
                 if self._max_steps_done():
                     break
-            if cfg.train.eval_every_steps and progress.evaluated_step != progress.global_step:
+            if self._steps_schedule() and progress.evaluated_step != progress.global_step:
                 self._evaluate_and_record()  # the last step is always evaluated
         finally:
             return_freed_heap()
@@ -295,6 +296,11 @@ class Trainer:
         dist.all_gather(gathered, peak)
         return [float(rank_peak) for rank_peak in torch.cat(gathered).cpu()]
 
+    def _steps_schedule(self) -> bool:
+        """Whether evaluation follows steps (``eval_every_steps``, ``eval_at_steps``)
+        instead of epochs."""
+        return bool(self.cfg.train.eval_every_steps or self.cfg.train.eval_at_steps)
+
     def _max_steps_done(self) -> bool:
         limit = self.cfg.train.max_steps
         return limit is not None and self.progress.global_step >= limit
@@ -304,6 +310,7 @@ class Trainer:
         cfg, progress = self.cfg, self.progress
         profiler = self.runtime.profiler
         every_steps = cfg.train.eval_every_steps
+        at_steps = set(cfg.train.eval_at_steps)
         while progress.step_in_epoch < self.steps_per_epoch and not self._max_steps_done():
             profiler.reset()
             start = time.perf_counter()
@@ -332,14 +339,16 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(epoch=progress.epoch, loss=f"{loss:.4f}")
-            due = every_steps and progress.global_step % every_steps == 0
+            due = progress.global_step in at_steps or (
+                every_steps and progress.global_step % every_steps == 0
+            )
             if due and self._evaluate_and_record():
                 return True
         if progress.step_in_epoch < self.steps_per_epoch:
             return False  # stopped by max_steps mid-epoch
         progress.epoch += 1
         progress.step_in_epoch = 0
-        if every_steps:
+        if self._steps_schedule():
             return False
         if progress.epoch % cfg.train.eval_every == 0 or progress.epoch == cfg.train.epochs:
             return self._evaluate_and_record()
