@@ -36,6 +36,7 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
     # the setting the benchmark's quick mode trains (its full sweep's choice)
     (setting,) = bench_scale.plan(quick=True).ours_grid()
     assert setting == {
+        "optim.lr": cfg.optim.lr,
         "model.dropout": cfg.model.dropout,
         "sampling.batch_size": cfg.sampling.batch_size,
     }
