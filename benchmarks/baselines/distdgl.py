@@ -43,6 +43,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -212,10 +213,28 @@ def partition(
     return Path(out_dir) / f"{GRAPH_NAME}.json"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports that bind now, below the kernel's ephemeral range: a
+    server binds its port only after the earlier servers and trainers have connected,
+    and a port from the ephemeral range can meanwhile become the source port of one of
+    their connections ("Address already in use", seen at 8 machines)."""
+    low = int(_EPHEMERAL_RANGE.read_text().split()[0]) if _EPHEMERAL_RANGE.exists() else 32768
+    candidates = list(range(max(1024, low - 12000), low))
+    random.shuffle(candidates)
+    ports: list[int] = []
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise DistDGLError(f"no {count} free ports below the ephemeral range (from {low})")
 
 
 @dataclass
@@ -500,7 +519,7 @@ def launch(
         threads = max(1, machine_cores() // num_trainers)
         settings = _trainer_settings(cfg, num_trainers)
         spec, result_path = _write_spec(work, part_config, num_classes, settings, cfg, threads)
-        lines = [f"127.0.0.1 {_free_port()}\n" for _ in range(num_machines)]
+        lines = [f"127.0.0.1 {port}\n" for port in _free_ports(num_machines)]
         (work / "ip_config.txt").write_text("".join(lines))
         layout = _Layout(topology, num_machines, num_trainers, work, spec)
         env = _base_env(threads)
