@@ -33,13 +33,12 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
     cfg = load_config(ROOT / scale_presets.CONFIG_FILES[name])
     assert cfg.data.name == "synthetic"
     assert cfg.data.synthetic == scale_presets.preset(name, 1_000_000)
-    # the setting the benchmark's quick mode trains (its full sweep's choice)
-    (setting,) = bench_scale.plan(quick=True).ours_grid()
-    assert setting == {
+    # the shipped setting is one that the benchmark's quick sweep tries
+    assert {
         "optim.lr": cfg.optim.lr,
         "model.dropout": cfg.model.dropout,
         "sampling.batch_size": cfg.sampling.batch_size,
-    }
+    } in bench_scale.plan(quick=True).ours_grid()
     # the paper's model with the aggregated residual and the final norm
     model = cfg.model
     assert (model.layers, model.norm, model.residual, model.input_projection, model.head) == (
