@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import ours
+from benchmarks import bench_scale, ours
 from benchmarks.baselines import distdgl, graphsage, graphsaint, run_peers, training
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ModelConfig, SyntheticConfig, load_config
@@ -295,6 +295,31 @@ def test_run_for_seconds_books_steps_and_training_time_without_evaluation(
     assert [r["test_acc"] for r in history] == [0.05, 0.1, 0.2]
     assert baseline.steps == 20 and baseline.epochs == 7  # epochs restart as needed
     assert result["best_val_acc"] == 0.2
+
+
+def test_final_run_of_ours_is_run_again_when_its_probe_misjudged_the_step_time(
+    monkeypatch, tmp_path
+) -> None:
+    plan, graph = bench_scale.plan(quick=True), SimpleNamespace(name="g")
+    calls: list[int] = []
+
+    def fake_run_ours(graph, p, overrides, seed, processes, max_steps, eval_steps, log_dir):
+        calls.append(max_steps)  # a step takes 0.1 s here (the probe said 0.2 s)
+        return {
+            "history": [{"train_s": 0.1 * max_steps}],
+            "first_step_s": 0.1,
+            "steady_step_s": 0.1,
+        }
+
+    monkeypatch.setattr(bench_scale, "run_ours", fake_run_ours)
+    probe = {"first_step_s": 0.2, "steady_step_s": 0.2}
+    result = bench_scale.run_ours_for_budget(graph, plan, {}, 0, 1, probe, tmp_path)
+    assert calls == [120, 240]  # the second run at the first run's own step time
+    assert result["history"][-1]["train_s"] == pytest.approx(plan.budget_s)
+    calls.clear()  # a probe within the tolerance: one run
+    probe = {"first_step_s": 0.1, "steady_step_s": 0.105}
+    bench_scale.run_ours_for_budget(graph, plan, {}, 0, 1, probe, tmp_path)
+    assert len(calls) == 1
 
 
 def test_sampled_inference_is_the_model_on_full_neighbourhoods_when_fanout_covers_them(
