@@ -41,7 +41,7 @@ bench:
 
 # Accuracy against training seconds on the two 1M-vertex synthetic graphs, dgl_scalegnn
 # (1 and 8 processes) against GraphSAINT-node, GraphSAGE and DistDGL; quick mode (the
-# default) about 50 minutes on 2 cores, SCALEGNN_BENCH_QUICK=0 for 3 seeds and larger
+# default) about 45 minutes on 2 cores, SCALEGNN_BENCH_QUICK=0 for 3 seeds and larger
 # sweeps (also part of `make bench` then). SCALEGNN_BENCH_SCALE_NODES shrinks both graphs.
 bench-scale:
 	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_scale

@@ -105,6 +105,10 @@ _PEERS = {"graphsaint": graphsaint.PEER, "graphsage": graphsage.PEER}
 #: Learning rates (Adam) that every method's sweep tries: dgl_scalegnn's shipped 1M
 #: configs train at 0.03, so no peer is held to a slower rate than ours.
 _LEARNING_RATES = (0.01, 0.03)
+#: Batch sizes, as fractions N/f, of quick mode's sweeps: dgl_scalegnn's, and
+#: GraphSAINT-node's budgets, so its "at B" run reuses a sweep's normalisation
+#: (pre-sampling costs minutes at 1M vertices).
+_QUICK_FRACTIONS = (40, 100)
 
 
 class BenchScaleError(RuntimeError):
@@ -156,7 +160,7 @@ class Plan:
         learning_rates, dropouts = (
             ((0.03,), (0.0,)) if self.quick else (_LEARNING_RATES, (0.0, 0.2))
         )
-        fractions = (40, 100) if self.quick else (10, 40, 100)
+        fractions = _QUICK_FRACTIONS if self.quick else (10, 40, 100)
         return [
             {"optim.lr": lr, "model.dropout": dropout, "sampling.batch_size": max(1, n // f)}
             for lr in learning_rates
@@ -168,9 +172,7 @@ class Plan:
         """GraphSAINT-node budgets and learning rates tried besides B (``norm_coverage``
         bounds the set-up)."""
         coverage = 10 if self.quick else 50
-        # quick mode: the batch sizes of dgl_scalegnn's sweep, so the "at B" run reuses
-        # a sweep's normalisation (pre-sampling costs minutes at 1M vertices)
-        fractions = (100, 40) if self.quick else (200, 100, 40, 20)
+        fractions = _QUICK_FRACTIONS if self.quick else (200, 100, 40, 20)
         return [
             {"budget": max(1, self.num_nodes // f), "norm_coverage": coverage, "lr": lr}
             for f in fractions
