@@ -139,6 +139,9 @@ class ModelConfig:
     :math:`x (s / d + \\epsilon)^{-1/2}`: against the activations' mean square it decides
     how far the norm equalises the rows' magnitudes (on Cora, mean square about 0.003,
     1.0 keeps small rows small and matches the GCN's accuracy; 1e-6 costs 2.4 points).
+    ``bias`` adds a learnt bias (initialised to zero) to the output of every linear map:
+    the input projection, each GCN layer (before its RMSNorm, as in DGL's ``GraphConv``)
+    and the head. The paper's equations have none (``false``).
     """
 
     hidden: int = 128
@@ -152,6 +155,7 @@ class ModelConfig:
     residual_from: str = "input"
     final_norm: bool = False
     rms_eps: float = 1e-6
+    bias: bool = False
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class Workload:
     head: bool = True
     residual_from: str = "input"
     final_norm: bool = False
+    bias: bool = False
     bf16_comm: bool = False
 
     def model_config(self) -> ModelConfig:
@@ -85,6 +86,7 @@ class Workload:
             head=self.head,
             residual_from=self.residual_from,
             final_norm=self.final_norm,
+            bias=self.bias,
         )
 
     @property

@@ -71,9 +71,11 @@ def test_gcn_conv_equals_dgl_graphconv(kernel):
     assert torch.allclose(weight.grad, conv.weight.grad, rtol=0, atol=1e-8)
 
 
-def test_model_without_projection_and_head_is_dgls_graphconv_stack():
+@pytest.mark.parametrize("bias", [False, True])
+def test_model_without_projection_and_head_is_dgls_graphconv_stack(bias):
     """``input_projection: false, head: false`` without norm or residual is Kipf &
-    Welling's GCN: DGL's GraphConv (symmetric norm, no bias), ReLU, GraphConv."""
+    Welling's GCN: DGL's GraphConv (symmetric norm, with or without bias as ``bias``
+    says), ReLU, GraphConv."""
     dataset = random_dataset(num_nodes=60, num_edges=200, isolated=5)
     d_in, hidden, classes = 7, 6, 4
     cfg = ModelConfig(
@@ -84,20 +86,29 @@ def test_model_without_projection_and_head_is_dgls_graphconv_stack():
         residual=False,
         input_projection=False,
         head=False,
+        bias=bias,
     )
     model = ScaleGNN(cfg, in_features=d_in, num_classes=classes, seed=0).double()
-    assert sorted(model.params) == ["layer0_weight", "layer1_weight"]
+    weights = ["layer0_weight", "layer1_weight"]
+    assert sorted(model.params) == sorted(weights + (["layer0_bias", "layer1_bias"] * bias))
+    with torch.no_grad():  # biases start at zero: move them so that a missing one shows
+        for name, param in model.params.items():
+            if name.endswith("_bias"):
+                assert not param.any()
+                param.uniform_(-1.0, 1.0)
     features = torch.randn(60, d_in, dtype=torch.float64)
     ours = model(gcn_norm_graph(dataset.graph), features)
 
     convs = [
-        dgl.nn.GraphConv(a, b, norm="both", bias=False).double()
+        dgl.nn.GraphConv(a, b, norm="both", bias=bias).double()
         for a, b in ((d_in, hidden), (hidden, classes))
     ]
     reference_graph = _graphconv_reference_graph(dataset.graph)
     with torch.no_grad():
         for index, conv in enumerate(convs):
             conv.weight.copy_(model.params[f"layer{index}_weight"])
+            if bias:
+                conv.bias.copy_(model.params[f"layer{index}_bias"])
         theirs = convs[1](reference_graph, torch.relu(convs[0](reference_graph, features)))
     assert ours.shape == (60, classes)
     assert torch.allclose(ours, theirs, rtol=0, atol=1e-6)  # float32 edge weights
@@ -140,6 +151,42 @@ def test_aggregated_residual_and_final_norm_against_dense_formula():
     from_input, _ = logits(final_norm=True)
     for other in (without_final_norm, from_input):
         assert (ours - other).abs().max() > 1e-2
+
+
+def test_biases_of_the_paper_model_against_dense_formula():
+    """``bias: true`` adds a bias to the projection, to each layer before its RMSNorm and
+    to the head: the reference model equals the dense formula with every bias."""
+    dataset = random_dataset(num_nodes=60, num_edges=200, isolated=5)
+    d_in, hidden, classes = 7, 6, 4
+    graph = gcn_norm_graph(dataset.graph)
+    src, dst = graph.edges()
+    adjacency = torch.zeros(60, 60, dtype=torch.float64)
+    adjacency.index_put_((dst, src), graph.edata["w"].double(), accumulate=True)
+    features = torch.randn(60, d_in, dtype=torch.float64)
+    cfg = ModelConfig(hidden=hidden, layers=2, dropout=0.0, bias=True)
+    model = ScaleGNN(cfg, in_features=d_in, num_classes=classes, seed=0).double()
+    with torch.no_grad():
+        for name, param in model.params.items():
+            if name.endswith("_bias"):
+                param.uniform_(-1.0, 1.0)
+    params = {name: param.detach() for name, param in model.params.items()}
+    assert sorted(n for n in params if n.endswith("_bias")) == [
+        "head_bias",
+        "input_proj_bias",
+        "layer0_bias",
+        "layer1_bias",
+    ]
+    hidden_rows = features @ params["input_proj"] + params["input_proj_bias"]
+    for layer in range(2):
+        out = (
+            adjacency @ hidden_rows @ params[f"layer{layer}_weight"] + params[f"layer{layer}_bias"]
+        )
+        out = (
+            out / torch.sqrt(out.pow(2).mean(1, keepdim=True) + 1e-6) * params[f"layer{layer}_gain"]
+        )
+        hidden_rows = torch.relu(out) + hidden_rows
+    expected = hidden_rows @ params["head"] + params["head_bias"]
+    assert torch.allclose(model(graph, features), expected, rtol=0, atol=1e-5)
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,9 @@ VARIANTS = {
         "residual_from": "aggregated",
         "final_norm": True,
     },
+    # biases everywhere: on one TP rank the projection's bias enters the folded first
+    # layer as (A 1) b_in, and its residual as X W_in + b_in
+    "paper3-bias": {"hidden": 13, "layers": 3, "dropout": 0.3, "bias": True},
     "paper3-bare": {
         "hidden": 13,
         "layers": 3,

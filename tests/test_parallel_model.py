@@ -76,6 +76,11 @@ VARIANTS = {
         GRAPH,
         {"hidden": 13, "dropout": 0.3, "input_projection": False, "head": False},
     ),
+    # biases (each completed over its rows' axis), the last one on the classes layer
+    "paper model with biases, no head": (
+        GRAPH,
+        {"hidden": 13, "dropout": 0.3, "bias": True, "head": False},
+    ),
     # the residual taken after the aggregation (another layout than the layer input's)
     # and an RMSNorm of the head's input
     "paper model, aggregated residual, final norm": (

@@ -102,18 +102,23 @@ def layer_widths(cfg: ModelConfig, in_features: int, num_classes: int) -> list[L
 
 
 def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> dict[str, ParamShard]:
-    """Global shape and split of every parameter, by name."""
+    """Global shape and split of every parameter, by name. A gain or a bias (``*_bias``)
+    is split along its layer's output columns, the weight's output axis."""
     states = layer_layouts(cfg.layers)
     shards = {}
     if cfg.input_projection:
         shards["input_proj"] = ParamShard(
             (in_features, cfg.hidden), (INPUT_LAYOUT.cols, INPUT_LAYOUT.rep)
         )
+        if cfg.bias:
+            shards["input_proj_bias"] = ParamShard((cfg.hidden,), (INPUT_LAYOUT.rep,))
     for state, widths in zip(states, layer_widths(cfg, in_features, num_classes)):
         aggregated = state.after_spmm()
         shards[f"layer{widths.index}_weight"] = ParamShard(
             (widths.width_in, widths.width_out), (aggregated.cols, aggregated.rep)
         )
+        if cfg.bias:
+            shards[f"layer{widths.index}_bias"] = ParamShard((widths.width_out,), (aggregated.rep,))
         if cfg.norm and not widths.outputs_classes:
             shards[f"layer{widths.index}_gain"] = ParamShard((cfg.hidden,), (aggregated.rep,))
     if cfg.head:
@@ -121,6 +126,8 @@ def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> di
         if cfg.final_norm:
             shards["final_gain"] = ParamShard((cfg.hidden,), (last.cols,))
         shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
+        if cfg.bias:
+            shards["head_bias"] = ParamShard((num_classes,), (last.rep,))
     return shards
 
 

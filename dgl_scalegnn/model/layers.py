@@ -10,7 +10,8 @@
 (without input projection :math:`X_{h,0} = X_S`; without head the last layer is
 :math:`O = \\tilde A_S X_{h,L-1} W_L`, no tail; with ``residual_from: aggregated`` the
 residual is :math:`\\tilde A_S X_{h,l-1}`; with ``final_norm``
-:math:`O = \\mathrm{RMSNorm}(X_{h,L}) W_{out}`.)
+:math:`O = \\mathrm{RMSNorm}(X_{h,L}) W_{out}`; with ``bias`` every product
+:math:`X W` is :math:`X W + b`.)
 Each layer knows the layout it reads (and a GCN layer the adjacency plane it multiplies
 by), from the schedule (:mod:`~dgl_scalegnn.core.schedule`). Its parameters are this
 rank's slices of tensors initialised from the seed at their *global* shape, and carry
@@ -61,9 +62,10 @@ INPUT_DROPOUT_LAYER = -1
 
 
 def init_global_parameter(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """The full parameter ``name``: Glorot-uniform weights, unit gains, from ``seed``."""
+    """The full parameter ``name``: Glorot-uniform weights from ``seed``, unit gains,
+    zero biases (``*_bias``)."""
     if len(shape) == 1:
-        return torch.ones(shape)
+        return torch.zeros(shape) if name.endswith("_bias") else torch.ones(shape)
     generator = torch.Generator().manual_seed(mix_seed(seed, zlib.crc32(name.encode())))
     bound = (6.0 / (shape[0] + shape[1])) ** 0.5
     return (torch.rand(shape, generator=generator) * 2 - 1) * bound
@@ -83,6 +85,23 @@ def sharded_parameter(name: str, shard: ParamShard, runtime: Runtime, seed: int)
     param = nn.Parameter(full[shard.local_slices(grid.shape, grid.coords)].contiguous())
     param.shard = shard
     return param
+
+
+def optional_parameter(
+    name: str, shards: dict[str, ParamShard], runtime: Runtime, seed: int
+) -> nn.Parameter | None:
+    """:func:`sharded_parameter` ``name`` if the model has it (a gain or a bias), else None."""
+    return sharded_parameter(name, shards[name], runtime, seed) if name in shards else None
+
+
+def add_bias(
+    out: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, runtime: Runtime
+) -> torch.Tensor:
+    """``out + bias`` for a linear map's output in ``spec`` (bias ``(cols,)``, this rank's
+    columns), the bias's gradient completed over the rows' axis; ``out`` without a bias."""
+    if bias is None:
+        return out
+    return out + reduce_grad(bias, spec.layout.rows, runtime)
 
 
 class _InputStage(nn.Module):
@@ -129,31 +148,54 @@ class InputFeatures(_InputStage):
 
 
 class InputProjection(_InputStage):
-    """:math:`X_S W_{in}`: features in :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT`
-    ``(x, z, y)``, hidden ``(x, y, z)`` out (the projection's all-reduce moves them, no
-    redistribution); input dropout (hashed) while training."""
+    """:math:`X_S W_{in}` (:math:`+ b_{in}` with ``bias``): features in
+    :data:`~dgl_scalegnn.core.layout.INPUT_LAYOUT` ``(x, z, y)``, hidden ``(x, y, z)`` out
+    (the projection's all-reduce moves them, no redistribution); input dropout (hashed)
+    while training."""
 
     def __init__(
         self, cfg: ModelConfig, shards: dict[str, ParamShard], runtime: Runtime, seed: int
     ) -> None:
         super().__init__(cfg, runtime, seed)
         self.weight = sharded_parameter("input_proj", shards["input_proj"], runtime, seed)
+        self.bias = optional_parameter("input_proj_bias", shards, runtime, seed)
 
     def forward(
         self, features: torch.Tensor, spec: ShardSpec, step: int
     ) -> tuple[torch.Tensor, ShardSpec]:
         """``(rows, in_cols)`` shard of spec ``spec`` -> ``(rows, hidden_cols)`` and its spec."""
         features = self.dropout(features, spec, step)
-        return parallel_linear(features, self.weight, spec, self.cfg.hidden, self.runtime)
+        out, out_spec = parallel_linear(features, self.weight, spec, self.cfg.hidden, self.runtime)
+        return add_bias(out, self.bias, out_spec, self.runtime), out_spec
+
+    def project_whole(self, features: torch.Tensor) -> torch.Tensor:
+        """:math:`X W_{in}` (:math:`+ b_{in}`) of whole rows on one TP rank (no dropout)."""
+        out = features @ self.weight
+        return out if self.bias is None else out + self.bias
+
+    def project_aggregated(self, aggregated: torch.Tensor, adjacency: LocalSpMM) -> torch.Tensor:
+        """:math:`\\tilde A (X W_{in} + 1 b_{in}) = (\\tilde A X) W_{in} + (\\tilde A 1)
+        b_{in}` from ``aggregated`` :math:`= \\tilde A X` (whole rows, one TP rank): the
+        projection after the aggregation, so that the projected features are never whole."""
+        out = aggregated @ self.weight
+        if self.bias is None:
+            return out
+        row_sums = adjacency.matmul(out.new_ones(adjacency.num_cols, 1))
+        return out + row_sums * self.bias
 
     @staticmethod
     def cost(cfg: ModelConfig, in_features: int, sizes: LocalSizes) -> list[CollectiveCost]:
         """Collectives of :meth:`forward` and its backward (the features need no gradient)."""
-        return linear_cost(INPUT_LAYOUT, in_features, cfg.hidden, False, sizes)
+        costs = linear_cost(INPUT_LAYOUT, in_features, cfg.hidden, False, sizes)
+        if cfg.bias:
+            out = INPUT_LAYOUT.after_linear()
+            costs += reduce_grad_cost(out.rows, sizes.cols(cfg.hidden, out.cols))
+        return costs
 
 
 class GCNLayer(nn.Module):
-    """Layer ``index``: :math:`\\mathrm{tail}(\\tilde A X W_l)` with the tail
+    """Layer ``index``: :math:`\\mathrm{tail}(\\tilde A X W_l)` (of
+    :math:`\\tilde A X W_l + b_l` with ``bias``) with the tail
     (RMSNorm, ReLU, dropout, residual) of :class:`~dgl_scalegnn.parallel.elementwise.LayerTail`,
     or :math:`\\tilde A X W_l` alone for the layer that outputs the classes. The residual
     is :math:`X` or, with ``residual_from: aggregated``, :math:`\\tilde A X`.
@@ -178,8 +220,8 @@ class GCNLayer(nn.Module):
         self.cfg, self.runtime, self.seed, self.tail = cfg, runtime, seed, tail
         name = f"layer{self.index}_weight"
         self.weight = sharded_parameter(name, shards[name], runtime, seed)
-        gain = f"layer{self.index}_gain"
-        self.gain = sharded_parameter(gain, shards[gain], runtime, seed) if gain in shards else None
+        self.gain = optional_parameter(f"layer{self.index}_gain", shards, runtime, seed)
+        self.bias = optional_parameter(f"layer{self.index}_bias", shards, runtime, seed)
 
     def forward(
         self,
@@ -188,30 +230,30 @@ class GCNLayer(nn.Module):
         adjacency: LocalSpMM,
         step: int,
         residual_input: torch.Tensor | None = None,
-        input_weight: torch.Tensor | None = None,
+        projection: InputProjection | None = None,
     ) -> tuple[torch.Tensor, ShardSpec]:
         """``x`` in ``spec`` (layout ``self.layout``) -> the layer's output and its spec.
 
         ``adjacency`` is the local block of :attr:`plane` for the output rows ``spec``
         names; ``residual_input`` the rows of the layer input that the output rows add
         (``x`` itself unless the output covers only some rows of ``x``). With
-        ``input_weight`` (one TP rank only, where every layout is the whole matrix) ``x``
-        is the features and the layer input is ``x @ input_weight``, aggregated as
-        :math:`(\\tilde A X) W_{in}` so that the projected features are never whole.
+        ``projection`` (one TP rank only, where every layout is the whole matrix) ``x`` is
+        the features and the layer input their projection, aggregated as
+        :meth:`InputProjection.project_aggregated` so that the projected features are
+        never whole.
         """
         cfg, runtime, widths = self.cfg, self.runtime, self.widths
         aggregated, aggregated_spec = parallel_spmm(x, adjacency, spec, runtime)
-        if input_weight is not None:
+        if projection is not None:
             if runtime.grid.shape.tp_size != 1:
-                raise ValueError("input_weight folds the projection on one TP rank only")
+                raise ValueError("the projection folds into a layer on one TP rank only")
             with runtime.profiler.region("gemm"):
-                aggregated = aggregated @ input_weight
-            aggregated_spec = aggregated_spec.with_layout(
-                aggregated_spec.layout, input_weight.shape[1]
-            )
+                aggregated = projection.project_aggregated(aggregated, adjacency)
+            aggregated_spec = aggregated_spec.with_layout(aggregated_spec.layout, cfg.hidden)
         hidden, out_spec = parallel_linear(
             aggregated, self.weight, aggregated_spec, widths.width_out, runtime
         )
+        hidden = add_bias(hidden, self.bias, out_spec, runtime)
         if widths.outputs_classes:
             return hidden, out_spec
         grid = runtime.grid
@@ -251,6 +293,8 @@ class GCNLayer(nn.Module):
         costs = spmm_cost(layout, widths.width_in, sizes, needs_dx)
         aggregated = layout.after_spmm()
         costs += linear_cost(aggregated, widths.width_in, widths.width_out, needs_dx, sizes)
+        if cfg.bias:
+            costs += reduce_grad_cost(out.rows, sizes.cols(widths.width_out, out.cols))
         if widths.outputs_classes:
             return costs
         if cfg.norm:
@@ -264,7 +308,8 @@ class GCNLayer(nn.Module):
 
 class Head(nn.Module):
     """:math:`X_{h,L} W_{out}` (or :math:`\\mathrm{RMSNorm}(X_{h,L}) W_{out}` with
-    ``final_norm``): logits with classes split along the output layout's columns."""
+    ``final_norm``; :math:`+ b_{out}` with ``bias``): logits with classes split along the
+    output layout's columns."""
 
     def __init__(
         self,
@@ -278,16 +323,14 @@ class Head(nn.Module):
         super().__init__()
         self.cfg, self.num_classes, self.runtime, self.tail = cfg, num_classes, runtime, tail
         self.weight = sharded_parameter("head", shards["head"], runtime, seed)
-        self.gain = (
-            sharded_parameter("final_gain", shards["final_gain"], runtime, seed)
-            if "final_gain" in shards
-            else None
-        )
+        self.gain = optional_parameter("final_gain", shards, runtime, seed)
+        self.bias = optional_parameter("head_bias", shards, runtime, seed)
 
     def forward(self, hidden: torch.Tensor, spec: ShardSpec) -> tuple[torch.Tensor, ShardSpec]:
         if self.gain is not None:
             hidden = rms_norm(hidden, self.gain, spec, self.cfg.rms_eps, self.runtime, self.tail)
-        return parallel_linear(hidden, self.weight, spec, self.num_classes, self.runtime)
+        logits, spec = parallel_linear(hidden, self.weight, spec, self.num_classes, self.runtime)
+        return add_bias(logits, self.bias, spec, self.runtime), spec
 
     @staticmethod
     def cost(
@@ -295,4 +338,8 @@ class Head(nn.Module):
     ) -> list[CollectiveCost]:
         """Collectives of :meth:`forward` and its backward on hidden rows in ``layout``."""
         norm = rms_norm_cost(layout, cfg.hidden, sizes) if cfg.final_norm else []
-        return norm + linear_cost(layout, cfg.hidden, num_classes, True, sizes)
+        costs = norm + linear_cost(layout, cfg.hidden, num_classes, True, sizes)
+        if cfg.bias:
+            out = layout.after_linear()
+            costs += reduce_grad_cost(out.rows, sizes.cols(num_classes, out.cols))
+        return costs

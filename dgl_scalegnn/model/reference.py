@@ -10,7 +10,7 @@ and a module DGL users can train in a plain loop with
 
 (without input projection :math:`X_{h,0} = X`; without head :math:`O = A X_{h,L-1} W_L`;
 ``residual_from: aggregated`` adds :math:`A X_{h,l-1}`; ``final_norm`` normalises
-:math:`X_{h,L}` before :math:`W_{out}`),
+:math:`X_{h,L}` before :math:`W_{out}`; ``bias`` makes every :math:`X W` an :math:`X W + b`),
 with :math:`A` the weighted adjacency in ``graph.edata[weight]`` (aggregation over
 in-edges). Parameters are initialised exactly as the parallel model's global tensors and
 dropout uses the same hashed masks, so both compute the same numbers.
@@ -80,6 +80,11 @@ class ScaleGNN(nn.Module):
         inv_rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.cfg.rms_eps)
         return x * inv_rms * self.params[gain]
 
+    def linear(self, x: torch.Tensor, weight: str, bias: str) -> torch.Tensor:
+        """``x @ params[weight]``, plus ``params[bias]`` if the model has biases."""
+        out = x @ self.params[weight]
+        return out + self.params[bias] if bias in self.params else out
+
     def _dropout(
         self, x: torch.Tensor, vertex_ids: torch.Tensor, step: int, layer: int, rate: float
     ) -> torch.Tensor:
@@ -107,14 +112,18 @@ class ScaleGNN(nn.Module):
             features = self._dropout(
                 features, vertex_ids, step, INPUT_DROPOUT_LAYER, cfg.input_dropout
             )
-        hidden = features @ self.params["input_proj"] if cfg.input_projection else features
+        if cfg.input_projection:
+            hidden = self.linear(features, "input_proj", "input_proj_bias")
+        else:
+            hidden = features
         for widths in self.widths:
             aggregated = self.aggregate(graph, hidden, weight)
-            out = aggregated @ self.params[f"layer{widths.index}_weight"]
+            layer = f"layer{widths.index}"
+            out = self.linear(aggregated, f"{layer}_weight", f"{layer}_bias")
             if widths.outputs_classes:
                 return out
             if cfg.norm:
-                out = self.rms_norm(out, f"layer{widths.index}_gain")
+                out = self.rms_norm(out, f"{layer}_gain")
             out = torch.relu(out)
             if self.training and cfg.dropout > 0:
                 out = self._dropout(out, vertex_ids, step, widths.index, cfg.dropout)
@@ -123,4 +132,4 @@ class ScaleGNN(nn.Module):
             hidden = out
         if cfg.final_norm:
             hidden = self.rms_norm(hidden, "final_gain")
-        return hidden @ self.params["head"]
+        return self.linear(hidden, "head", "head_bias")

@@ -10,7 +10,8 @@
 (without input projection :math:`X_{h,0} = X_S`; without head the last layer is
 :math:`O = \\tilde A_S X_{h,L-1} W_L`, no tail; ``residual_from: aggregated`` adds
 :math:`\\tilde A_S X_{h,l-1}` instead of :math:`X_{h,l-1}`; ``final_norm`` gives
-:math:`O = \\mathrm{RMSNorm}(X_{h,L}) W_{out}`.)
+:math:`O = \\mathrm{RMSNorm}(X_{h,L}) W_{out}`; with ``bias`` every product :math:`X W` is
+:math:`X W + b`.)
 
 Input features arrive in state ``(x, z, y)``; the projection gives ``(x, y, z)``; layer
 ``l`` maps ``(r, c, o)`` to ``(o, r, c)`` and reads the adjacency shard of plane
@@ -118,15 +119,16 @@ class ParallelScaleGNN(nn.Module):
         params = {}
         if isinstance(self.input_layer, InputProjection):
             params["input_proj"] = self.input_layer.weight
+            params["input_proj_bias"] = self.input_layer.bias
         for layer in self.layers:
             params[f"layer{layer.index}_weight"] = layer.weight
-            if layer.gain is not None:
-                params[f"layer{layer.index}_gain"] = layer.gain
+            params[f"layer{layer.index}_gain"] = layer.gain
+            params[f"layer{layer.index}_bias"] = layer.bias
         if self.head is not None:
-            if self.head.gain is not None:
-                params["final_gain"] = self.head.gain
+            params["final_gain"] = self.head.gain
             params["head"] = self.head.weight
-        return params
+            params["head_bias"] = self.head.bias
+        return {name: param for name, param in params.items() if param is not None}
 
     def forward(self, batch: RankBatch) -> tuple[torch.Tensor, ShardSpec]:
         """Logits shard and its spec (classes split along the logits' column axis);
@@ -191,14 +193,14 @@ class ParallelScaleGNN(nn.Module):
             hidden = self._by_row_chunks(spec, chunk_rows, graph.features.dtype, project)
         if not self.layers:
             return self.head(hidden, spec)
-        input_weight = self.input_layer.weight if fold else None
+        projection = self.input_layer if fold else None
         for layer in self.layers:
             head = self.head if layer is self.layers[-1] else None
             # the layer's input is freed once its output is complete
             hidden, spec = self._full_graph_layer(
-                graph, layer, hidden, spec, chunk_rows, head, input_weight
+                graph, layer, hidden, spec, chunk_rows, head, projection
             )
-            input_weight = None
+            projection = None
         return hidden, spec
 
     def _full_graph_layer(
@@ -209,11 +211,11 @@ class ParallelScaleGNN(nn.Module):
         spec: ShardSpec,
         chunk_rows: int,
         head: Head | None,
-        input_weight: torch.Tensor | None = None,
+        projection: InputProjection | None = None,
     ) -> tuple[torch.Tensor, ShardSpec]:
         """``layer`` (then ``head``, if given) on the whole graph, one chunk of output
-        rows at a time; with ``input_weight`` the layer input is ``layer_input @
-        input_weight`` (see :meth:`GCNLayer.forward`)."""
+        rows at a time; with ``projection`` the layer input is the projection of
+        ``layer_input`` (see :meth:`GCNLayer.forward`)."""
         coords = self.runtime.grid.coords
         layout = spec.layout
         block = graph.blocks[layer.plane]
@@ -225,11 +227,11 @@ class ParallelScaleGNN(nn.Module):
             # the chunk's rows, which the output keeps.
             input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
             chunk_input = chunk.rows_of(layer_input, layout.rows, coords, input_start)
-            if input_weight is not None and residual_of_input:
-                chunk_input = chunk_input @ input_weight
+            if projection is not None and residual_of_input:
+                chunk_input = projection.project_whole(chunk_input)
             adjacency = CSRRows(block, chunk.start, chunk.stop)
             out, out_spec = layer(
-                layer_input, input_spec, adjacency, EVAL_STEP, chunk_input, input_weight
+                layer_input, input_spec, adjacency, EVAL_STEP, chunk_input, projection
             )
             return out if head is None else head(out, out_spec)[0]
 
