@@ -35,6 +35,8 @@ DEFAULTS: dict[str, Any] = {
     "head": True,
     "residual_from": "input",
     "final_norm": False,
+    "rms_eps": 1e-6,
+    "bias": False,
     "batch_size": 4096,
     "lr": 0.01,
     "weight_decay": 0.0,
@@ -60,6 +62,8 @@ class ScaleGNNPeer:
             "residual_from",
             "final_norm",
             "head",
+            "rms_eps",
+            "bias",
         )
         cfg = config_from_mapping(
             {

@@ -479,12 +479,14 @@ def test_projection_uses_the_epochs_to_the_papers_target_measured_here(tmp_path)
     )
 
 
-def test_the_peer_comparison_trains_cora_as_shipped():
-    """The first Cora setting of the peer comparison is yaml/cora.yaml, every model key
-    included (a key the wrapper does not pass would silently train the default)."""
-    setting = {**ours.DEFAULTS, **run_peers.GRIDS[("scalegnn", "cora")][0]}
-    shipped = load_config(ROOT / "yaml" / "cora.yaml")
-    model_keys = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "rms_eps"]
+@pytest.mark.parametrize(("index", "config"), [(0, "cora"), (-1, "cora-paper")])
+def test_the_peer_comparison_trains_cora_as_shipped(index, config):
+    """The first Cora setting of the peer comparison is yaml/cora.yaml and the last
+    yaml/cora-paper.yaml, every model key included (a key the wrapper does not pass would
+    silently train the default)."""
+    setting = {**ours.DEFAULTS, **run_peers.GRIDS[("scalegnn", "cora")][index]}
+    shipped = load_config(ROOT / "yaml" / f"{config}.yaml")
+    model_keys = [f.name for f in dataclasses.fields(ModelConfig)]
     assert set(model_keys) <= set(ours.DEFAULTS)
     assert {k: setting[k] for k in model_keys} == {k: getattr(shipped.model, k) for k in model_keys}
     assert (

@@ -76,20 +76,36 @@ def test_cora_on_eight_ranks_reaches_80_percent(tmp_path):
     assert summary["epochs"] < 100
 
 
-def test_cora_config_reaches_kipf_and_wellings_accuracy_on_average(tmp_path, monkeypatch):
-    """yaml/cora.yaml as shipped, one process: the mean test accuracy at the best
-    validation epoch over three seeds is at least Kipf & Welling's 81.5% (seeds 0-9 give
-    81.9 +- 0.6%; the earlier model with input projection and head gave 79.9 +- 1.4%)."""
-    monkeypatch.setenv("SCALEGNN_DATA_ROOT", str(SHARED_DATA))
-    accuracies = []
+def _cora_seeds(config: str, tmp_path) -> list[dict]:
+    """Summaries of ``yaml/<config>.yaml`` as shipped, one process, seeds 0-2."""
+    summaries = []
     for seed in (0, 1, 2):
         cfg = load_config(
-            ROOT / "yaml" / "cora.yaml",
+            ROOT / "yaml" / f"{config}.yaml",
             [f"train.seed={seed}", f"sampling.seed={seed}", "train.progress=false"],
         )
-        summary = run_training(cfg, str(tmp_path / f"seed{seed}.jsonl"))
-        accuracies.append(summary["test_at_best_val"])
-    assert sum(accuracies) / len(accuracies) >= 0.815, accuracies
+        summaries.append(run_training(cfg, str(tmp_path / f"{config}-seed{seed}.jsonl")))
+    return summaries
+
+
+def _mean(summaries: list[dict], key: str) -> float:
+    return sum(s[key] for s in summaries) / len(summaries)
+
+
+def test_cora_configs_reach_kipf_and_wellings_accuracy_and_the_paper_model_the_gcns(
+    tmp_path, monkeypatch
+):
+    """yaml/cora.yaml (the GCN) and yaml/cora-paper.yaml (the paper's model), one process,
+    seeds 0-2, accuracy at the best validation epoch. The GCN's mean test accuracy is at
+    least Kipf & Welling's 81.5% (seeds 0-9: 81.9 +- 0.6%). The paper's model leads it on
+    validation, what chose both (seeds 0-9: 81.7 +- 0.5% against 80.3 +- 0.5%; every seed
+    leads), and stays within a point on test (seeds 0-9: 82.1 +- 0.9%; at the GCN's
+    regularisation 80.1% validation)."""
+    monkeypatch.setenv("SCALEGNN_DATA_ROOT", str(SHARED_DATA))
+    gcn, paper = _cora_seeds("cora", tmp_path), _cora_seeds("cora-paper", tmp_path)
+    assert _mean(gcn, "test_at_best_val") >= 0.815, gcn
+    assert _mean(paper, "best_val_acc") >= _mean(gcn, "best_val_acc") + 0.005, (paper, gcn)
+    assert _mean(paper, "test_at_best_val") >= _mean(gcn, "test_at_best_val") - 0.01, paper
 
 
 def _with_checkpoints(tmp_path, name: str) -> dict:
