@@ -66,7 +66,7 @@ class Form:
 
 GCN = Form()
 FORMS: dict[str, Form] = {
-    "GCN (yaml/cora.yaml)": GCN,
+    "GCN (yaml/cora.yaml without biases)": GCN,
     "RMSNorm per row (the paper's)": replace(GCN, norm="row"),
     "RMSNorm per row, eps 1e-3": replace(GCN, norm="row", eps=1e-3),
     "RMSNorm per row, eps 1": replace(GCN, norm="row", eps=1.0),
