@@ -114,17 +114,23 @@ def test_model_without_projection_and_head_is_dgls_graphconv_stack(bias):
     assert torch.allclose(ours, theirs, rtol=0, atol=1e-6)  # float32 edge weights
 
 
-def test_aggregated_residual_and_final_norm_against_dense_formula():
-    """``residual_from: aggregated`` adds A H (not H) after the tail and ``final_norm``
-    normalises the head's input: the reference model equals the dense formula, and each
-    switch alone changes the logits."""
+def _dense_case(d_in: int) -> tuple[dgl.DGLGraph, torch.Tensor, torch.Tensor]:
+    """A GCN-normalised random graph of 60 vertices, its dense float64 adjacency (rows:
+    destinations) and float64 features of width ``d_in``."""
     dataset = random_dataset(num_nodes=60, num_edges=200, isolated=5)
-    d_in, hidden, classes = 7, 6, 4
     graph = gcn_norm_graph(dataset.graph)
     src, dst = graph.edges()
     adjacency = torch.zeros(60, 60, dtype=torch.float64)
     adjacency.index_put_((dst, src), graph.edata["w"].double(), accumulate=True)
-    features = torch.randn(60, d_in, dtype=torch.float64)
+    return graph, adjacency, torch.randn(60, d_in, dtype=torch.float64)
+
+
+def test_aggregated_residual_and_final_norm_against_dense_formula():
+    """``residual_from: aggregated`` adds A H (not H) after the tail and ``final_norm``
+    normalises the head's input: the reference model equals the dense formula, and each
+    switch alone changes the logits."""
+    d_in, hidden, classes = 7, 6, 4
+    graph, adjacency, features = _dense_case(d_in)
 
     def logits(**switches) -> tuple[torch.Tensor, ScaleGNN]:
         cfg = ModelConfig(hidden=hidden, layers=2, dropout=0.0, **switches)
@@ -156,13 +162,8 @@ def test_aggregated_residual_and_final_norm_against_dense_formula():
 def test_biases_of_the_paper_model_against_dense_formula():
     """``bias: true`` adds a bias to the projection, to each layer before its RMSNorm and
     to the head: the reference model equals the dense formula with every bias."""
-    dataset = random_dataset(num_nodes=60, num_edges=200, isolated=5)
     d_in, hidden, classes = 7, 6, 4
-    graph = gcn_norm_graph(dataset.graph)
-    src, dst = graph.edges()
-    adjacency = torch.zeros(60, 60, dtype=torch.float64)
-    adjacency.index_put_((dst, src), graph.edata["w"].double(), accumulate=True)
-    features = torch.randn(60, d_in, dtype=torch.float64)
+    graph, adjacency, features = _dense_case(d_in)
     cfg = ModelConfig(hidden=hidden, layers=2, dropout=0.0, bias=True)
     model = ScaleGNN(cfg, in_features=d_in, num_classes=classes, seed=0).double()
     with torch.no_grad():
