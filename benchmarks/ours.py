@@ -8,13 +8,14 @@ accuracy are measured by exactly the code that measures GraphSAINT and GraphSAGE
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from benchmarks.baselines import training
-from dgl_scalegnn.config import TrainConfig, config_from_mapping
+from dgl_scalegnn.config import ModelConfig, TrainConfig, config_from_mapping
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.comm import Runtime
@@ -51,20 +52,7 @@ class ScaleGNNPeer:
     def __init__(self, dataset: NodeDataset, settings: Mapping[str, Any]) -> None:
         # training.train_baseline seeded torch with the run's seed just before this.
         seed = torch.initial_seed()
-        model_keys = (
-            "hidden",
-            "layers",
-            "dropout",
-            "input_dropout",
-            "norm",
-            "residual",
-            "input_projection",
-            "residual_from",
-            "final_norm",
-            "head",
-            "rms_eps",
-            "bias",
-        )
+        model_keys = [field.name for field in dataclasses.fields(ModelConfig)]
         cfg = config_from_mapping(
             {
                 "model": {k: settings[k] for k in model_keys},
