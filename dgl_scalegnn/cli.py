@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -170,6 +171,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Lines of a stack trace that an error message may embed (DGL's C++ errors end in
+#: "Stack trace:" and "[bt] (0) ..." lines), and blank lines: not said on the terminal.
+_TRACE_LINE = re.compile(
+    r"\s*(?:$|Stack trace:|\[bt\] \(\d+\)|Traceback \(most recent call last\):"
+    r"|File \".*\", line \d+)"
+)
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message that says something, for a one-line report
+    (the rest is a trace or a continuation); the error's type name if none does."""
+    lines = [line.strip() for line in str(error).splitlines() if not _TRACE_LINE.match(line)]
+    return lines[0] if lines else type(error).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Large CPU tensors on transparent huge pages (read by torch at its first large
     # allocation): each fresh (B, hidden) buffer otherwise page-faults 4 KiB at a time,
@@ -179,9 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except _user_errors() as error:
-        # Every rank sees the same bad input: one rank says it.
+        # Every rank sees the same bad input: one rank says it, in one line.
         if _launch_rank() == 0:
-            print(f"scalegnn: error: {error}", file=sys.stderr, flush=True)
+            print(f"scalegnn: error: {_first_line(error)}", file=sys.stderr, flush=True)
         return 2
 
 

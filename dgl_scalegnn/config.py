@@ -3,7 +3,10 @@
 A config file has the sections ``data``, ``model``, ``sampling``, ``train``,
 ``parallel``, ``optim`` and ``output``. Unknown keys, wrong types and impossible values
 are refused with a :class:`ConfigError` that names the key, the value and what is
-expected. ``--set section.key=value`` overrides take YAML scalars.
+expected. ``--set section.key=value`` overrides take YAML scalars. Numbers are read as
+YAML 1.2 reads them (``1e-3`` and ``-.5`` are floats; PyYAML alone reads them as strings);
+a float that equals an int is accepted where an int is (``batch_size: 1e4``), and float
+settings must be finite (``.nan`` and ``.inf`` are refused).
 
 Example
 -------
@@ -16,6 +19,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -358,8 +362,17 @@ def _check_choices_and_ranges(cfg: Config) -> None:
         rate = getattr(cfg.model, key)
         if not 0.0 <= rate < 1.0:
             raise ConfigError(f"model.{key}: got {rate}; it must be in [0, 1)")
+    if cfg.model.rms_eps <= 0:
+        raise ConfigError(
+            f"model.rms_eps: got {cfg.model.rms_eps}; it must be positive (an all-zero row "
+            "divides by zero otherwise), e.g. 1e-6"
+        )
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr: got {cfg.optim.lr}; it must be positive")
+    if cfg.optim.weight_decay < 0:
+        raise ConfigError(
+            f"optim.weight_decay: got {cfg.optim.weight_decay}; give 0 (none) or more, e.g. 5e-4"
+        )
     if cfg.optim.warmup_steps < 0:
         raise ConfigError(
             f"optim.warmup_steps: got {cfg.optim.warmup_steps}; give 0 (no warm-up) or more"
@@ -400,8 +413,26 @@ def _check_choices_and_ranges(cfg: Config) -> None:
         raise ConfigError(f"data.prepared: directory {cfg.data.prepared!r} does not exist")
 
 
+def _finite(key: str, value: float) -> float:
+    """``value``, refused when it is NaN or infinite (no float setting means either)."""
+    if not math.isfinite(value):
+        raise ConfigError(
+            f"{key}: got {value}; give a finite number (YAML's .nan, .inf and -.inf are not)"
+        )
+    return value
+
+
+def _whole(key: str, value: float) -> int:
+    """``value`` as the int it equals (``1e3`` reads as the float 1000.0), refused when it
+    has a fractional part or is not finite."""
+    if not value.is_integer():
+        raise ConfigError(f"{key}: expected int, got float {value!r}; give a whole number")
+    return int(value)
+
+
 def _coerce(key: str, annotation: Any, value: Any) -> Any:
-    """Check ``value`` against a field annotation; ints are accepted where floats are."""
+    """Check ``value`` against a field annotation; ints are accepted where floats are (and
+    floats that equal an int where ints are); floats must be finite."""
     origin = typing.get_origin(annotation)
     if origin in (types.UnionType, typing.Union):
         options = typing.get_args(annotation)
@@ -418,12 +449,14 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
         return _build(annotation, value, key)
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
     if annotation is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if annotation in (int, float) and isinstance(value, bool):
         raise ConfigError(f"{key}: expected {annotation.__name__}, got bool {value!r}")
+    if annotation is float and isinstance(value, (int, float)):
+        return _finite(key, float(value))
+    if annotation is int and isinstance(value, float):
+        return _whole(key, value)
     if not isinstance(value, annotation):
         raise ConfigError(
             f"{key}: expected {annotation.__name__}, got {type(value).__name__} {value!r}"
@@ -455,6 +488,38 @@ def config_from_mapping(mapping: dict[str, Any] | None) -> Config:
     return cfg
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading numbers as YAML 1.2 does.
+
+    PyYAML implements YAML 1.1, whose floats need a dot and a signed exponent: it reads
+    ``1e-3``, ``1E6``, ``1.0e5`` and ``-.5`` as strings. The resolver added below (tried
+    after YAML 1.1's own, so ints, timestamps and YAML 1.1's floats are read as before)
+    reads them as floats.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?$"),
+    list("-+.0123456789"),
+)
+
+
+def _parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """What is wrong and where, in one line (PyYAML's message quotes the text over lines)."""
+    problem, mark = getattr(error, "problem", None), getattr(error, "problem_mark", None)
+    if problem is None or mark is None:
+        return " ".join(str(error).split())
+    context = getattr(error, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (
+        f" ({context})" if context else ""
+    )
+
+
 def apply_overrides(mapping: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` strings (values parsed as YAML scalars) to a copy."""
     result = _deep_copy(mapping)
@@ -469,7 +534,7 @@ def apply_overrides(mapping: dict[str, Any], overrides: list[str]) -> dict[str, 
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        node[parts[-1]] = _parse_yaml(raw) if raw.strip() else None
     return result
 
 
@@ -485,9 +550,11 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
         if not file.is_file():
             raise ConfigError(f"config file {str(file)!r} does not exist")
         try:
-            loaded = yaml.safe_load(file.read_text())
+            loaded = _parse_yaml(file.read_text())
         except yaml.YAMLError as error:
-            raise ConfigError(f"config file {str(file)!r} is not valid YAML: {error}") from None
+            raise ConfigError(
+                f"config file {str(file)!r} is not valid YAML: {_yaml_problem(error)}"
+            ) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(
                 f"config file {str(file)!r}: expected a mapping of sections, "
