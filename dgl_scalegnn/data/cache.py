@@ -2,15 +2,20 @@
 builds the whole graph on every rank.
 
 A cached graph lives in ``<cache>/prepared/<name>-<key>/`` (``<cache>`` is
-:func:`~dgl_scalegnn.config.default_cache_dir`), where ``<key>`` hashes every
-setting that changes the prepared bytes (:func:`cache_settings`, which includes the
-package version). Next to
-``meta.json`` it holds ``cache.json``: those settings and the size and modification
-time of each source file (:func:`~dgl_scalegnn.data.datasets.source_files`).
+:func:`~dgl_scalegnn.config.default_cache_dir`, private to the user), where ``<key>``
+hashes every setting that changes the prepared bytes (:func:`cache_settings`, which
+includes the package version). Next to ``meta.json`` it holds ``cache.json``: those
+settings and the size and modification time of each source file
+(:func:`~dgl_scalegnn.data.datasets.source_files`). Outside it, beside its lock,
+``<name>-<key>.sha256`` keeps the SHA-256 of both as they were written, so that a
+directory moved into its place (even a sound prepared graph with its own records) is
+not taken for it.
 
 In a job of several processes, the first process of each node (local rank 0) takes a
-lock (``<name>-<key>.lock``, ``flock``), reuses the directory if ``cache.json``
-matches and the files open with the sizes ``meta.json`` records, and otherwise
+lock (``<name>-<key>.lock``, ``flock``), removes the staging directories that a killed
+preparation of the same key left (while the lock is held, nothing else writes them),
+reuses the directory if ``cache.json`` matches, the SHA-256 kept beside the lock
+match, and the files open with the sizes ``meta.json`` records, and otherwise
 prepares it (:func:`~dgl_scalegnn.data.streaming.prepare_streaming`, into a
 temporary sibling renamed into place) and says why. It then posts the path in the
 rendezvous store; the other processes of its node poll for it, their watchdogs running,
@@ -26,6 +31,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -53,6 +59,8 @@ __all__ = [
 #: Environment variable: the working memory (GiB) of the rank that prepares the cache.
 MEMORY_ENV = "SCALEGNN_PREPARE_MEMORY_GB"
 _RECORD = "cache.json"
+#: The files whose SHA-256 are kept outside the directory (meta.json holds the arrays').
+_PINNED = ("meta.json", _RECORD)
 
 
 def cache_settings(cfg: DataConfig) -> dict:
@@ -83,10 +91,17 @@ def cache_settings(cfg: DataConfig) -> dict:
 
 
 def cache_directory(cfg: DataConfig) -> Path:
-    """``<cache>/prepared/<name>-<16 hex digits of the settings' SHA-256>``."""
+    """``<cache>/prepared/<name>-<16 hex digits of the settings' SHA-256>``.
+
+    Raises
+    ------
+    ConfigError
+        If the cache directory or its ``prepared/`` is not private (see
+        :func:`~dgl_scalegnn.config.default_cache_dir`).
+    """
     text = json.dumps(cache_settings(cfg), sort_keys=True)
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return default_cache_dir() / "prepared" / f"{cfg.name}-{key}"
+    return default_cache_dir("prepared") / f"{cfg.name}-{key}"
 
 
 def _record(cfg: DataConfig) -> dict:
@@ -98,9 +113,24 @@ def _record(cfg: DataConfig) -> dict:
     return {"settings": cache_settings(cfg), "sources": sources}
 
 
+def _digest_path(directory: Path) -> Path:
+    """Where the SHA-256 of ``directory``'s records are kept: beside its lock."""
+    return directory.parent / f"{directory.name}.sha256"
+
+
+def _digests(directory: Path) -> dict[str, str | None]:
+    """SHA-256 of each file of :data:`_PINNED` in ``directory`` (None: missing)."""
+    return {
+        name: hashlib.sha256((directory / name).read_bytes()).hexdigest()
+        if (directory / name).is_file()
+        else None
+        for name in _PINNED
+    }
+
+
 def cache_problem(directory: Path, cfg: DataConfig) -> str | None:
-    """Why ``directory`` cannot serve ``cfg`` (absent, interrupted, stale, damaged), or
-    None when it can."""
+    """Why ``directory`` cannot serve ``cfg`` (absent, interrupted, stale, damaged,
+    replaced), or None when it can."""
     if not directory.is_dir():
         return "absent"
     record_path = directory / _RECORD
@@ -114,6 +144,19 @@ def cache_problem(directory: Path, cfg: DataConfig) -> str | None:
         open_prepared(directory)
     except DatasetError as error:
         return f"damaged: {error}"
+    digest_path = _digest_path(directory)
+    try:
+        kept = json.loads(digest_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return (
+            f"no SHA-256 of its records kept in {digest_path} (prepared by an older "
+            "version, or interrupted)"
+        )
+    if kept != _digests(directory):
+        return (
+            f"replaced: its {' or '.join(_PINNED)} differs from the SHA-256 kept in "
+            f"{digest_path} when it was prepared (another directory was moved there)"
+        )
     return None
 
 
@@ -142,9 +185,8 @@ def prepare_cached(cfg: DataConfig, budget: MemoryBudget | None = None) -> Path:
     """
     directory = cache_directory(cfg)
     try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
         lock = directory.parent / f"{directory.name}.lock"
-        lock.touch()
+        lock.touch(mode=0o600)
     except OSError as error:
         raise DatasetError(
             f"cannot write the cache directory {str(directory.parent)!r} ({error}); set "
@@ -152,6 +194,7 @@ def prepare_cached(cfg: DataConfig, budget: MemoryBudget | None = None) -> Path:
             "`scalegnn prepare` and set data.prepared"
         ) from error
     with _locked(lock):
+        _remove_staging(directory)
         problem = cache_problem(directory, cfg)
         if problem is None:
             _say(f"reusing the prepared {cfg.name!r} in {directory}")
@@ -163,10 +206,29 @@ def prepare_cached(cfg: DataConfig, budget: MemoryBudget | None = None) -> Path:
         prepare_streaming(
             load_source(cfg), directory, cfg.permutation_seed, budget=budget or _budget()
         )
-        partial = directory / f".{_RECORD}.partial"
-        partial.write_text(json.dumps(record, indent=2) + "\n")
-        partial.replace(directory / _RECORD)
+        _write_atomically(directory / _RECORD, json.dumps(record, indent=2) + "\n")
+        _write_atomically(_digest_path(directory), json.dumps(_digests(directory)) + "\n")
     return directory
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def _remove_staging(directory: Path) -> None:
+    """Remove the staging siblings of ``directory``
+    (:func:`~dgl_scalegnn.data.prepared.new_staging_directory`): with the lock held,
+    each was left by a preparation that was killed."""
+    for staging in directory.parent.glob(f".{directory.name}.*"):
+        if staging.is_dir():
+            size = sum(path.stat().st_size for path in staging.rglob("*") if path.is_file())
+            shutil.rmtree(staging)
+            _say(
+                f"removed {staging} ({size / 2**20:.1f} MiB), left by a preparation of "
+                f"{directory.name} that did not finish"
+            )
 
 
 def _budget() -> MemoryBudget:

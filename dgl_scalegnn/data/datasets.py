@@ -15,6 +15,8 @@ On-disk layouts
     (or copied) into ``<cache>/<name>/<fingerprint>/<that directory>/``, where DGL also
     writes its processed cache, so the data root may be read-only. ``<fingerprint>``
     hashes the source paths, sizes and modification times: changed files are re-read.
+    DGL unpickles its processed ``.pkl`` from there, so every directory of that path is
+    checked private (:func:`~dgl_scalegnn.config.default_cache_dir`) before DGL runs.
 ``reddit`` (:class:`dgl.data.RedditDataset`)
     ``<root>/reddit/reddit_data.npz`` and ``<root>/reddit/reddit_graph.npz`` (the contents
     of DGL's ``reddit.zip``), staged like the above as ``<cache>/reddit/<fingerprint>/
@@ -27,11 +29,14 @@ On-disk layouts
     ``RELEASE_v1.txt``, ``split/<split>/{train,valid,test}.csv.gz`` (or
     ``split/<split>/split_dict.pt``) and the raw files of :data:`OGB_LAYOUTS`, which are
     not needed once OGB has written ``processed/dgl_data_processed`` there (so the
-    directory must be writable on the first load).
+    directory must be writable on the first load). That file is read by
+    ``dgl.load_graphs`` (DGL's binary format, no pickle), and ``split_dict.pt`` by
+    ``torch.load`` with ``weights_only``: neither can run code.
 ``dgl``
     ``data.path``, a file written by ``dgl.save_graphs(path, [g], labels)``; the first
     graph is used, with ``labels["num_classes"]`` when saved (a one-element tensor such
-    as ``torch.tensor([7])``: DGL 2.1.0 loses the value of a 0-dim tensor).
+    as ``torch.tensor([7])``: DGL 2.1.0 loses the value of a 0-dim tensor). A file that
+    does not begin with DGL's magic number is refused before DGL reads it.
 ``synthetic``
     :func:`dgl_scalegnn.data.synthetic.generate` with ``data.synthetic``.
 
@@ -43,8 +48,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
-import uuid
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -401,18 +407,26 @@ def _load_dgl_builtin(
 def _stage_raw_files(name: str, raw_dirname: str, files: Mapping[str, Path]) -> Path:
     """Link ``files`` into ``<cache>/<name>/<fingerprint>/<raw_dirname>/``.
 
-    Returns the ``<fingerprint>`` directory, DGL's ``raw_dir``. The directory is built
-    under a temporary name and renamed into place, so concurrent loaders (one per rank)
-    either create it or find it complete.
+    Returns the ``<fingerprint>`` directory, DGL's ``raw_dir`` (and ``save_dir``: its
+    processed files go to ``<raw_dirname>/`` too). The directory is built under a
+    temporary name and renamed into place, so concurrent loaders (one per rank) either
+    create it or find it complete; every directory is private to the user (0700).
+
+    Raises
+    ------
+    ConfigError
+        If a directory of that path is another user's or writable by others: DGL would
+        unpickle what it finds there.
     """
-    parent = default_cache_dir() / name
-    staged = parent / _fingerprint(raw_dirname, files)
+    fingerprint = _fingerprint(raw_dirname, files)
+    parent = default_cache_dir(name)
+    staged = parent / fingerprint
     if (staged / raw_dirname).is_dir():
+        default_cache_dir(name, fingerprint, raw_dirname)  # checks them before DGL loads
         return staged
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        building = parent / f".staging-{uuid.uuid4().hex}"
-        (building / raw_dirname).mkdir(parents=True)
+        building = Path(tempfile.mkdtemp(prefix=".staging-", dir=parent))
+        (building / raw_dirname).mkdir(mode=0o700)
         for target, path in files.items():
             _link_or_copy(path, building / raw_dirname / target)
     except OSError as error:
@@ -570,17 +584,24 @@ def _load_dgl_file(cfg: DataConfig) -> NodeDataset:
             "dataset 'dgl': data.path is unset; give the file written by dgl.save_graphs"
         )
     path = Path(cfg.path).expanduser()
+    fix = "set data.path to a file written by dgl.save_graphs(path, [graph])"
     if not path.is_file():
-        raise DatasetError(
-            f"dataset 'dgl': file {str(path)!r} does not exist; set data.path to a file "
-            "written by dgl.save_graphs(path, [graph])"
-        )
+        raise DatasetError(f"dataset 'dgl': file {str(path)!r} does not exist; {fix}")
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(len(_DGL_MAGIC))
+    except OSError as error:
+        raise DatasetError(f"dataset 'dgl': cannot read {str(path)!r} ({error})") from None
+    if magic != _DGL_MAGIC:
+        what = "empty" if not magic else "does not begin with DGL's magic number"
+        raise DatasetError(f"dataset 'dgl': {str(path)!r} is not a DGL graph file ({what}); {fix}")
     try:
         graphs, saved = dgl.load_graphs(str(path), [0])
     except Exception as error:  # DGL raises DGLError or assertion errors on a bad file
         raise DatasetError(
-            f"dataset 'dgl': cannot read {str(path)!r} as a dgl.save_graphs file ({error})"
-        ) from error
+            f"dataset 'dgl': {str(path)!r} is not a readable DGL graph file "
+            f"({_first_line(error)}); {fix}"
+        ) from None
     num_classes = _saved_num_classes(saved, path)
     graph = graphs[0]
     if cfg.featureless and not {"feat", "label"} <= set(graph.ndata):
@@ -588,6 +609,18 @@ def _load_dgl_file(cfg: DataConfig) -> NodeDataset:
         recipe = recipe_node_data(graph, cfg.permutation_seed, "label" not in graph.ndata)
         graph.ndata.update({k: v for k, v in recipe.items() if k not in graph.ndata})
     return _to_node_dataset(graph, cfg.name, num_classes, f"file {str(path)!r}")
+
+
+#: The first bytes of a ``dgl.save_graphs`` file (``kDGLSerializeMagic``, little-endian).
+_DGL_MAGIC = (0xDD2E4FF046B4A13F).to_bytes(8, "little")
+#: DGL's C++ errors begin with ``[hh:mm:ss] /path/to/source.cc:123: ``.
+_DGL_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+
+
+def _first_line(error: Exception) -> str:
+    """What a DGL error says, without its C++ log prefix and stack trace."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return _DGL_LOG_PREFIX.sub("", lines[0]).strip()
 
 
 def _saved_num_classes(saved: Mapping[str, torch.Tensor], path: Path) -> int | None:

@@ -9,6 +9,10 @@ Preparing a :class:`~dgl_scalegnn.data.graph.NodeDataset`:
    and store it in vertex-range tiles (:mod:`~dgl_scalegnn.data.tiles`);
 3. keep features, labels and split masks in the new order.
 
+Features holding NaN or infinities are refused there (:func:`non_finite_rows`), by the
+in-memory and the bounded-memory preparation alike; a directory written without that
+check is refused by each rank for the rows it reads (:class:`ChunkVerifier`).
+
 On disk a prepared directory holds one ``.npy`` file per array and ``meta.json``
 (format version, sizes, dtypes, shapes, byte counts and SHA-256 checksums). Arrays are
 opened memory-mapped, so a rank reads only its row ranges and one directory serves
@@ -46,6 +50,8 @@ __all__ = [
     "install_directory",
     "open_prepared",
     "verify_prepared",
+    "non_finite_rows",
+    "non_finite_error",
 ]
 
 FORMAT_VERSION = 1
@@ -124,6 +130,10 @@ def prepare_in_memory(
     (500, (65537,))
     """
     graph = dataset.graph
+    ndata = graph.ndata
+    bad = non_finite_rows(ndata["feat"].numpy())
+    if bad.size:
+        raise non_finite_error(f"dataset {dataset.name!r}", bad)
     num_nodes = graph.num_nodes()
     permutation = np.random.default_rng(permutation_seed).permutation(num_nodes).astype(np.int64)
     inverse = np.empty_like(permutation)
@@ -132,7 +142,6 @@ def prepare_in_memory(
     adjacency = tile_adjacency(
         gcn_normalize(permutation[src], permutation[dst], num_nodes), tile_count
     )
-    ndata = graph.ndata
     label_dtype = np.float32 if dataset.multilabel else np.int64
     meta = GraphMeta(
         name=dataset.name,
@@ -155,6 +164,30 @@ def prepare_in_memory(
             for mask in ("train_mask", "val_mask", "test_mask")
         },
         permutation=permutation,
+    )
+
+
+def non_finite_rows(features: np.ndarray) -> np.ndarray:
+    """Positions of the rows of ``features`` ``(N, D)`` that hold NaN or an infinity as
+    float32 (the stored type: a float64 beyond its range counts), found a block of rows
+    at a time (a mask of the whole array would take N * D bytes)."""
+    step = max(1, (1 << 22) // max(1, features.shape[1]))
+    found = []
+    for start in range(0, features.shape[0], step):
+        with np.errstate(over="ignore"):  # what overflows is what this looks for
+            block = features[start : start + step].astype(np.float32, copy=False)
+        found.append(start + np.flatnonzero(~np.isfinite(block).all(axis=1)))
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
+def non_finite_error(where: str, vertices: np.ndarray, scope: str = "") -> DatasetError:
+    """The refusal of features that hold NaN or infinities at ``vertices`` (ids of the
+    source graph); ``scope`` says which vertices were looked at, if not all."""
+    count = f"{vertices.size} vert{'ex' if vertices.size == 1 else 'ices'}{scope}"
+    return DatasetError(
+        f"{where}: NaN or infinite features in {count} (the first: vertex "
+        f"{int(vertices.min())}); replace those values (e.g. torch.nan_to_num) or remove "
+        "the vertices, then prepare the dataset again"
     )
 
 
@@ -252,7 +285,9 @@ def _check_file(directory: Path, entry: dict, checksum: bool) -> None:
 
 
 class ChunkVerifier:
-    """Checks the bytes a rank reads against the chunk CRC-32s in ``meta.json``.
+    """Checks the bytes a rank reads against the chunk CRC-32s in ``meta.json``, and
+    the features among them for NaN and infinities (a directory written without the
+    preparation's check of them).
 
     Each chunk is checked once, the first time a read touches it, so a rank pays for
     its own share (plus partial chunks at the edges) and never hashes the whole graph.
@@ -272,19 +307,39 @@ class ChunkVerifier:
         first = (array.offset + start * row_bytes) // entry["chunk_bytes"]
         last = (array.offset + stop * row_bytes - 1) // entry["chunk_bytes"]
         path = self._root / entry["file"]
+        non_finite = []
         with self._lock, path.open("rb") as handle:
             for chunk in range(first, last + 1):
                 if (name, chunk) in self._verified:
                     continue
                 handle.seek(chunk * entry["chunk_bytes"])
-                if zlib.crc32(handle.read(entry["chunk_bytes"])) != entry["crc32"][chunk]:
+                data = handle.read(entry["chunk_bytes"])
+                if zlib.crc32(data) != entry["crc32"][chunk]:
                     start_byte = chunk * entry["chunk_bytes"]
                     raise DatasetError(
                         f"{path}: bytes {start_byte}-{start_byte + entry['chunk_bytes'] - 1} "
                         "differ from their checksum in meta.json (the file was changed); "
                         f"prepare the dataset again or check it with scalegnn prepare --verify"
                     )
+                if name == "features":
+                    position = chunk * entry["chunk_bytes"]
+                    non_finite.append(_non_finite_rows_in(data, position, array))
                 self._verified.add((name, chunk))
+        rows = np.unique(np.concatenate(non_finite)) if non_finite else np.zeros(0)
+        if rows.size:
+            vertices = np.flatnonzero(np.isin(self._arrays["permutation"], rows))
+            raise non_finite_error(str(path), vertices, " among those this process reads")
+
+
+def _non_finite_rows_in(data: bytes, position: int, array: np.memmap) -> np.ndarray:
+    """Rows of ``array`` (float32 ``.npy``) with NaN or an infinity among ``data``, the
+    file's bytes from ``position`` on (chunks are 64 KiB multiples: whole values)."""
+    skip = max(0, array.offset - position)
+    if skip >= len(data):
+        return np.zeros(0, dtype=np.int64)
+    values = np.frombuffer(data, dtype=array.dtype, offset=skip)
+    first_value = (position + skip - array.offset) // array.dtype.itemsize
+    return (first_value + np.flatnonzero(~np.isfinite(values))) // array.shape[1]
 
 
 def open_prepared(directory: str | os.PathLike[str], *, checksum: bool = False) -> PreparedGraph:

@@ -13,7 +13,8 @@ no step holds the whole edge list or all features:
 3. **write**: with every degree known, each group gets its values, is put in tile
    order and written at its place in ``rows``/``cols``/``values``;
 4. features are gathered in new order one block of rows at a time (a source that can
-   only stream its rows is read once per block).
+   only stream its rows is read once per block), and refused if they hold NaN or
+   infinities.
 
 Peak memory is about the budget plus ~50 bytes per vertex (permutation, degrees) plus
 what the source itself holds. With several ranks (``mpirun -np P scalegnn prepare``)
@@ -43,6 +44,8 @@ from dgl_scalegnn.data.prepared import (
     array_entry,
     install_directory,
     new_staging_directory,
+    non_finite_error,
+    non_finite_rows,
 )
 from dgl_scalegnn.data.source import MASK_NAMES, GraphSource
 from dgl_scalegnn.data.tiles import default_tile_count, index_dtype
@@ -312,11 +315,19 @@ def _write_features(
     budget: MemoryBudget,
     target: tuple[Path, int],
 ) -> None:
-    """Features of new ids ``vertices``, in new order, one block of rows at a time."""
+    """Features of new ids ``vertices``, in new order, one block of rows at a time.
+
+    Raises
+    ------
+    DatasetError
+        If a feature is NaN or infinite (once all the blocks are looked at, to count
+        them).
+    """
     width = source.num_features
     row_bytes = 4 * width
     step = budget.feature_rows(row_bytes)
     path, offset = target
+    non_finite = []
     for a in range(vertices[0], vertices[1], step):
         b = min(a + step, vertices[1])
         if source.feature_rows is not None:
@@ -329,7 +340,12 @@ def _write_features(
                 wanted = (new >= a) & (new < b)
                 block[new[wanted] - a] = chunk[wanted]
                 first += chunk.shape[0]
+        non_finite.append(inverse[a + non_finite_rows(block)])
         _write_at(path, offset + a * row_bytes, block)
+    found = np.concatenate(non_finite) if non_finite else np.zeros(0, np.int64)
+    if found.size:
+        scope = "" if vertices == (0, source.num_nodes) else " among those this process prepares"
+        raise non_finite_error(f"dataset {source.name!r}", found, scope)
 
 
 def prepare_streaming(
@@ -390,7 +406,7 @@ def _prepare_into(
     coordinator: Coordinator,
 ) -> GraphMeta:
     n, rank = source.num_nodes, coordinator.rank
-    spill.mkdir()
+    spill.mkdir(mode=0o700)
     permutation = np.random.default_rng(permutation_seed).permutation(n).astype(np.int64)
     layout = _Layout.of(n, tile_count, coordinator)
     spilled = _spill_edges(source, permutation, layout, budget, spill)

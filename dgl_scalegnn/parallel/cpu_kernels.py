@@ -6,9 +6,12 @@ operation and ``torch.compile`` measured slower still; these C loops
 first use with the system C compiler (``$CC``, else ``cc``; ``-O3 -fopenmp``, no fused
 multiply-adds, and ``-march=native`` where the compiler takes it: the vector width of
 this CPU) into ``kernels/`` of the cache directory
-(:func:`~dgl_scalegnn.config.default_cache_dir`) keyed by the source, the compiler and
-the machine, and linked against the OpenMP runtime torch has loaded, so that they share
-its threads.
+(:func:`~dgl_scalegnn.config.default_cache_dir`, private to the user) keyed by the
+source, the compiler and the machine, and linked against the OpenMP runtime torch has
+loaded, so that they share its threads. Loading a library runs its code, so a build
+is reused only if it and its manifest (``cpu_kernels_<key>.json``, the SHA-256 of what
+was compiled) belong to this user, are writable by no one else, and the library's
+SHA-256 is the one recorded; otherwise it is built again, with one log line saying why.
 Where no compiler works, or for tensors that are not float32 on CPU (CUDA, bfloat16),
 the callers run their eager torch kernels: :func:`usable` tells them.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -35,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from dgl_scalegnn.config import default_cache_dir
+from dgl_scalegnn.config import ConfigError, default_cache_dir
 
 __all__ = [
     "load",
@@ -92,22 +96,71 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
-def _build(compiler: str) -> Path:
-    """Compile the source once per (source, compiler, flags, machine); atomic on disk,
-    so concurrent ranks may build at the same time."""
+def _build_key(compiler: str) -> str:
+    """What the build depends on: source, compiler and its version, flags, machine."""
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
     flags = " ".join(_FLAGS + _NATIVE_FLAGS)
-    key = hashlib.sha256(
+    return hashlib.sha256(
         "\n".join((_SOURCE.read_text(), compiler, version, flags, _machine_key())).encode()
     ).hexdigest()[:16]
-    target = default_cache_dir() / "kernels" / f"cpu_kernels_{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        built = Path(scratch) / target.name
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class _Untrusted(Exception):
+    """A build that must not be loaded; the message says why."""
+
+
+def _check_owner(path: Path) -> None:
+    """Refuse ``path`` (not followed if a link) if someone else could have written it."""
+    status, uid = path.lstat(), os.geteuid()
+    if status.st_uid != uid:
+        raise _Untrusted(f"{path} belongs to uid {status.st_uid}, not to you (uid {uid})")
+    if status.st_mode & 0o022:
+        mode = status.st_mode & 0o7777
+        raise _Untrusted(f"{path} is writable by its group or others (mode {mode:04o})")
+
+
+def _recorded_library(manifest: Path) -> Path:
+    """The library that ``manifest`` records, once both are checked (module docstring).
+
+    Raises
+    ------
+    _Untrusted
+        If either is someone else's or writable by others, the manifest is unreadable,
+        or the library's SHA-256 is not the one recorded.
+    """
+    try:
+        _check_owner(manifest)
+        record = json.loads(manifest.read_text())
+        library = manifest.with_name(record["library"])
+        _check_owner(library)
+        digest = _sha256(library)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise _Untrusted(f"{manifest} is unreadable or names no library ({error})") from None
+    if digest != record["sha256"]:
+        raise _Untrusted(f"the SHA-256 of {library} is not the one {manifest.name} records")
+    return library
+
+
+def _build(compiler: str) -> Path:
+    """The library, compiled once per (source, compiler, flags, machine) and reused
+    after the checks of the module docstring; atomic on disk, so concurrent ranks may
+    build at the same time."""
+    key = _build_key(compiler)
+    directory = default_cache_dir("kernels")
+    manifest = directory / f"cpu_kernels_{key}.json"
+    if manifest.exists():
+        try:
+            return _recorded_library(manifest)
+        except _Untrusted as problem:
+            _log.warning("building the native CPU kernels again: %s", problem)
+    with tempfile.TemporaryDirectory(dir=directory) as scratch:
+        built = Path(scratch) / "cpu_kernels.so"
         for flags in (_FLAGS + _NATIVE_FLAGS, _FLAGS):
             result = subprocess.run(
                 [compiler, *flags, str(_SOURCE), "-o", str(built), *_LIBRARIES],
@@ -119,7 +172,16 @@ def _build(compiler: str) -> Path:
                 break
         if result.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
+        digest = _sha256(built)
+        # named by its content: a concurrent build never replaces the file another loads
+        target = directory / f"cpu_kernels_{key}_{digest[:16]}.so"
+        record = Path(scratch) / "manifest.json"
+        record.write_text(json.dumps({"library": target.name, "sha256": digest}) + "\n")
+        # whatever the umask: a group-writable build would be refused at its next load
+        os.chmod(built, 0o700)
+        os.chmod(record, 0o600)
         os.replace(built, target)
+        os.replace(record, manifest)
     return target
 
 
@@ -139,7 +201,8 @@ def load() -> ctypes.CDLL | None:
             function.argtypes = [_CTYPES[code] for code in signature]
             function.restype = None
         _library = library
-    except (OSError, RuntimeError, AttributeError) as error:  # AttributeError: a symbol
+    # AttributeError: a symbol is missing; ConfigError: the cache directory is not private
+    except (OSError, RuntimeError, AttributeError, ConfigError) as error:
         _load_failure = str(error)
         _log.warning("native CPU kernels unavailable, running eager kernels: %s", error)
     return _library
