@@ -1,27 +1,52 @@
-"""Checkpoints that survive crashes and resume on any grid shape.
+"""Checkpoints that survive crashes, refuse damage and resume on any grid shape.
 
 Layout of ``DIR`` (``output.dir/checkpoints``)::
 
-    latest                 name of the last complete checkpoint (replaced atomically)
+    latest                    name of the last published checkpoint (replaced atomically)
     step_00000120/
-        meta.json          grid, progress, model config, parameter global shapes/splits
-        rank00003.pt       one file per rank of data-parallel group 0: its parameter
-                           shards and their Adam state
+        meta.json             grid, progress, config, parameter global shapes/splits, and
+                              the size and SHA-256 of every rank file
+        rank00003.pt          one file per rank of data-parallel group 0: its parameter
+                              shards and their Adam state (``torch.load(weights_only=True)``)
+    step_00000120.1/          a later checkpoint of the same step (a resumed run that
+                              reached it again): published beside the one it replaces
+    step_00000130.partial/    being written, or abandoned by a crash (pruned)
+    step_00000110.nonfinite/  set aside: its state diverges at the next step (kept to
+                              inspect; never resumed from, never pruned)
 
-A checkpoint is written into ``step_X.partial/`` (each file as a temporary name then
-renamed), all ranks meet at a barrier, and rank 0 writes ``meta.json``, renames the
-directory and then replaces ``latest``. A crash at any point leaves ``latest`` naming
-the previous complete checkpoint. Loading assembles every parameter and its optimizer
-state from the shards of the grid that wrote it, using their global shapes, and slices
-them for the current grid: a checkpoint from ``1x2x2x1`` resumes on ``1x1x2x2``.
+Writing. Non-finite state is never written: every rank checks its parameters and Adam
+state and the ranks agree with one all-reduce. Each rank of data-parallel group 0
+serialises its payload in memory, hashes the bytes (SHA-256) and writes them into
+``step_X.partial/`` (a temporary name, fsync, rename), with a sidecar
+``rankN.pt.json`` holding the digest and the size. After a barrier rank 0 folds the
+sidecars into ``meta.json`` (written last: a directory without it is incomplete),
+renames the directory to its published name (``step_X``, or ``step_X.G`` when one of
+that step exists), replaces ``latest``, and only then deletes the checkpoint of the
+same step it replaces and prunes the older ones but one. A kill at any moment leaves
+``latest`` naming a complete checkpoint. A full disk (ENOSPC, EDQUOT, EFBIG) is a
+:class:`CheckpointError` naming the file, the bytes it needs and the bytes free.
+
+Reading. Every rank file's size and SHA-256 are checked against ``meta.json`` before
+anything is deserialised: a missing, empty, truncated or changed file, or a missing or
+unreadable ``meta.json``, is refused naming the file and what is wrong. Resuming tries
+the checkpoint ``latest`` names, then the older ones, newest first, and takes the first
+that verifies; the ones refused are named with their reason. All ranks read the same
+files and so make the same choice. Loading checks the parameters' global shapes against
+this run's, assembles every parameter and its Adam state from the shards of the grid
+that wrote it, and slices them for the current grid: a checkpoint from ``1x2x2x1``
+resumes on ``1x1x2x2``.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import json
 import os
+import re
 import shutil
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +54,70 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import ModelConfig
-from dgl_scalegnn.core.grid_shape import Coords, GridShape
+from dgl_scalegnn.core.grid_shape import Coords, GridError, GridShape
 from dgl_scalegnn.core.schedule import ParamShard
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 
-__all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "latest_checkpoint"]
+__all__ = [
+    "CheckpointError",
+    "Checkpoint",
+    "ResumeChoice",
+    "save_checkpoint",
+    "read_checkpoint",
+    "choose_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "set_aside_nonfinite",
+]
 
 _LATEST = "latest"
 _KEEP = 2
+#: A published checkpoint's name: its global step, and a generation when it replaced one.
+_PUBLISHED = re.compile(r"step_(\d{8})(?:\.(\d+))?")
+_META_KEYS = ("grid", "progress", "config", "shards", "files")
+#: Write errors that mean the file system is full (or the file too large for it).
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, incomplete or does not fit this run."""
+    """A checkpoint that is missing, damaged, incomplete or does not fit this run."""
+
+
+class _Damaged(CheckpointError):
+    """A checkpoint whose files do not verify; ``reason`` names the file and the fault."""
+
+    def __init__(self, checkpoint: Path, reason: str) -> None:
+        super().__init__(f"{checkpoint}: {reason}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read from disk, every rank file verified against ``meta.json``."""
+
+    path: Path
+    meta: dict[str, Any]
+    records: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ResumeChoice:
+    """Where a resumed run starts: ``checkpoint`` (``None``: there is none yet), and the
+    newer checkpoints refused on the way, by name, with the reason."""
+
+    checkpoint: Checkpoint | None
+    refused: dict[str, str]
+
+    def note(self) -> str | None:
+        """One line for the person running the job, or ``None`` if nothing was refused."""
+        if not self.refused or self.checkpoint is None:
+            return None
+        return f"{_refusals(self.refused)}; resuming from {self.checkpoint.path.name}"
+
+
+def _refusals(refused: dict[str, str]) -> str:
+    return "; ".join(f"{name} refused ({reason})" for name, reason in refused.items())
 
 
 def _barrier() -> None:
@@ -49,17 +125,58 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def _atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` (temporary name, fsync, rename); a full disk is a
+    :class:`CheckpointError` with the path, the bytes needed and the bytes free."""
     temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        temporary.unlink(missing_ok=True)  # give back what the failed write took
+        if error.errno not in _NO_SPACE:
+            raise
+        free = shutil.disk_usage(path.parent).free
+        raise CheckpointError(
+            f"{path}: {os.strerror(error.errno)} ({errno.errorcode[error.errno]}): writing it "
+            f"needs {len(data)} bytes, its file system has {free} free; free space there or "
+            "point output.dir at a larger file system (the previous checkpoint stays latest)"
+        ) from None
     os.replace(temporary, path)
 
 
-def _rank_file(coords: Coords, shape: GridShape) -> str:
-    return f"rank{shape.rank_of(coords):05d}.pt"
+def _step_name(global_step: int) -> str:
+    return f"step_{global_step:08d}"
+
+
+def _order(name: str) -> tuple[int, int] | None:
+    """(step, generation) of a published checkpoint's name; ``None`` for any other name."""
+    found = _PUBLISHED.fullmatch(name)
+    return None if found is None else (int(found.group(1)), int(found.group(2) or 0))
+
+
+def _published(root: Path) -> list[Path]:
+    """Published checkpoint directories (complete or damaged), oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _order(p.name) is not None]
+    return sorted(found, key=lambda p: _order(p.name))
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank{rank:05d}.pt"
+
+
+def _writer_files(shape: GridShape) -> list[str]:
+    """The rank files of a checkpoint written on ``shape`` (data-parallel group 0)."""
+    return [
+        _rank_file(shape.rank_of(Coords(0, x, y, z)))
+        for z in range(shape.z)
+        for y in range(shape.y)
+        for x in range(shape.x)
+    ]
 
 
 def _optimizer_state(model: ParallelScaleGNN, optimizer: torch.optim.Optimizer) -> dict:
@@ -71,6 +188,34 @@ def _optimizer_state(model: ParallelScaleGNN, optimizer: torch.optim.Optimizer) 
     return state
 
 
+def _nonfinite_ranks(model: ParallelScaleGNN, optimizer: torch.optim.Optimizer) -> list[int]:
+    """The ranks whose parameters or Adam state hold a NaN or an infinity (collective:
+    one all-reduce of a flag per rank, on the model's device as NCCL needs)."""
+    device = next(model.parameters()).device
+    tensors = [*model.parameters()]
+    for state in optimizer.state.values():
+        tensors += [v for v in state.values() if torch.is_tensor(v) and v.is_floating_point()]
+    finite = torch.stack([torch.isfinite(t).all().to(device) for t in tensors]).all()
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [] if finite else [0]
+    flags = torch.zeros(dist.get_world_size(), device=device)
+    flags[dist.get_rank()] = (~finite).float()
+    dist.all_reduce(flags)
+    return torch.nonzero(flags).flatten().tolist()
+
+
+def _write_rank_file(partial: Path, name: str, payload: dict[str, Any]) -> None:
+    """Serialise ``payload`` in memory, write it as ``partial/name`` and its size and
+    SHA-256 as the sidecar ``name.json`` that rank 0 folds into ``meta.json``."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getbuffer()
+    partial.mkdir(parents=True, exist_ok=True)
+    _atomic_write_bytes(partial / name, data)
+    digest = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    _atomic_write_bytes(partial / f"{name}.json", json.dumps(digest).encode())
+
+
 def save_checkpoint(
     directory: str | os.PathLike[str],
     *,
@@ -79,29 +224,40 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     progress: dict[str, Any],
     config: dict[str, Any],
-) -> Path | None:
+) -> Path:
     """Write a checkpoint of global step ``progress["global_step"]`` (collective).
 
     Every rank must call it; ranks of data-parallel group 0 write their shards.
-    Returns the checkpoint directory on rank 0.
+
+    Returns
+    -------
+    Path
+        The published checkpoint directory (on every rank).
+
+    Raises
+    ------
+    CheckpointError
+        On every rank when any rank's parameters or Adam state are not finite (nothing
+        is written); on the rank whose write found the disk full.
     """
     root = Path(directory)
+    step = progress["global_step"]
+    nonfinite = _nonfinite_ranks(model, optimizer)
+    if nonfinite:
+        raise CheckpointError(
+            f"not checkpointing global step {step}: the parameters or Adam state of rank(s) "
+            f"{nonfinite} hold NaN or infinite values. {_last_good_sentence(root, step + 1)}"
+        )
     params = model.sharded_state_dict()
-    name = f"step_{progress['global_step']:08d}"
-    partial = root / f"{name}.partial"
+    partial = root / f"{_step_name(step)}.partial"
     if grid.coords.d == 0:
-        partial.mkdir(parents=True, exist_ok=True)
         payload = {
             "coords": asdict(grid.coords),
             "params": {n: p.detach().cpu().clone() for n, p in params.items()},
             "optimizer": _optimizer_state(model, optimizer),
         }
-        target = partial / _rank_file(grid.coords, grid.shape)
-        temporary = target.with_name(target.name + ".tmp")
-        torch.save(payload, temporary)
-        os.replace(temporary, target)
+        _write_rank_file(partial, _rank_file(grid.shape.rank_of(grid.coords)), payload)
     _barrier()
-    final = None
     if grid.rank == 0:
         meta = {
             "grid": str(grid.shape),
@@ -113,31 +269,55 @@ def save_checkpoint(
             },
             "optimizer": type(optimizer).__name__,
         }
-        _atomic_write_bytes(partial / "meta.json", json.dumps(meta, indent=2).encode())
-        final = root / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(partial, final)
-        _atomic_write_bytes(root / _LATEST, name.encode())
-        _prune(root, keep=name)
+        _publish(root, partial, meta, grid.shape)
     _barrier()
-    return final
+    return root / (root / _LATEST).read_text().strip()
+
+
+def _publish(root: Path, partial: Path, meta: dict[str, Any], shape: GridShape) -> None:
+    """Rank 0: complete ``partial`` with ``meta.json``, publish it, point ``latest`` at
+    it, and only then drop the checkpoint of the same step it replaces and old ones."""
+    files = {}
+    for name in _writer_files(shape):
+        sidecar = partial / f"{name}.json"
+        if not sidecar.is_file():
+            raise CheckpointError(
+                f"{sidecar}: missing after every rank wrote its file; output.dir must be on "
+                "a file system that every node of the job shares"
+            )
+        files[name] = json.loads(sidecar.read_text())
+    for leftover in partial.iterdir():  # sidecars, and files of an abandoned attempt
+        if leftover.name not in files:
+            leftover.unlink()
+    _atomic_write_bytes(
+        partial / "meta.json", json.dumps({**meta, "files": files}, indent=2).encode()
+    )
+    name = partial.name.removesuffix(".partial")
+    step = _order(name)[0]
+    same_step = [p for p in _published(root) if _order(p.name)[0] == step]
+    final = root / name
+    if same_step:  # never delete a complete checkpoint before its successor is published
+        final = root / f"{name}.{_order(same_step[-1].name)[1] + 1}"
+    os.replace(partial, final)
+    _atomic_write_bytes(root / _LATEST, final.name.encode())
+    for replaced in same_step:
+        shutil.rmtree(replaced, ignore_errors=True)
+    _prune(root, keep=final.name)
 
 
 def _prune(root: Path, keep: str) -> None:
-    """Keep the newest complete checkpoints; drop older ones and abandoned partial ones."""
-    complete = sorted(
-        p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".partial")
-    )
-    for old in complete[:-_KEEP]:
-        if old.name != keep:
-            shutil.rmtree(old, ignore_errors=True)
+    """Keep ``keep`` and the newest checkpoint before it; drop older ones and abandoned
+    partial ones. Newer ones (a run this one resumed before) stay, as do set-aside ones."""
+    older = [p for p in _published(root) if _order(p.name) < _order(keep)]
+    for old in older[: len(older) - (_KEEP - 1)]:
+        shutil.rmtree(old, ignore_errors=True)
     for abandoned in root.glob("step_*.partial"):
         shutil.rmtree(abandoned, ignore_errors=True)
 
 
 def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
-    """The last complete checkpoint in ``directory``, or ``None`` if there is none."""
+    """The checkpoint ``latest`` names in ``directory``, or ``None`` if there is none
+    (not verified: :func:`choose_checkpoint` verifies, and falls back)."""
     pointer = Path(directory) / _LATEST
     if not pointer.is_file():
         return None
@@ -145,6 +325,157 @@ def latest_checkpoint(directory: str | os.PathLike[str]) -> Path | None:
     if not (checkpoint / "meta.json").is_file():
         raise CheckpointError(f"{pointer} names {checkpoint.name}, which has no meta.json")
     return checkpoint
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """``meta.json`` of ``path``, checked for the keys and the grid a load needs."""
+    if not path.is_dir():
+        raise _Damaged(path, "the directory is missing")
+    try:
+        meta = json.loads((path / "meta.json").read_bytes())
+    except FileNotFoundError:
+        raise _Damaged(path, "meta.json: missing (the checkpoint was never completed)") from None
+    except ValueError as error:  # JSON and UTF-8 decoding errors
+        raise _Damaged(path, f"meta.json: not valid JSON ({error})") from None
+    if not isinstance(meta, dict):
+        raise _Damaged(path, "meta.json: not a JSON object")
+    if "files" not in meta and "shards" in meta:
+        raise _Damaged(path, "meta.json: records no SHA-256 digests (written by an older version)")
+    missing = [key for key in _META_KEYS if key not in meta]
+    if missing:
+        raise _Damaged(path, f"meta.json: lacks {missing}")
+    try:
+        GridShape.parse(meta["grid"])
+    except (GridError, TypeError):
+        raise _Damaged(path, f"meta.json: grid {meta['grid']!r} is not a grid shape") from None
+    return meta
+
+
+def _verified(path: Path) -> tuple[dict[str, Any], list[bytes]]:
+    """``meta.json`` and the bytes of every rank file, each checked against its recorded
+    size and SHA-256; raises :class:`_Damaged` naming the first file that fails."""
+    meta = _read_meta(path)
+    blobs = []
+    for name in _writer_files(GridShape.parse(meta["grid"])):
+        expected = meta["files"].get(name)
+        if not isinstance(expected, dict) or not {"sha256", "bytes"} <= set(expected):
+            raise _Damaged(path, f"meta.json: no size and SHA-256 for {name}")
+        try:
+            data = (path / name).read_bytes()
+        except FileNotFoundError:
+            raise _Damaged(path, f"{name}: missing") from None
+        if len(data) != expected["bytes"]:
+            size = len(data)
+            fault = "empty" if not size else "truncated" if size < expected["bytes"] else "too long"
+            raise _Damaged(
+                path, f"{name}: {fault}, {size} bytes where meta.json records {expected['bytes']}"
+            )
+        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise _Damaged(path, f"{name}: SHA-256 mismatch (changed since it was written)")
+        blobs.append(data)
+    return meta, blobs
+
+
+def read_checkpoint(checkpoint: str | os.PathLike[str]) -> Checkpoint:
+    """Read and verify a checkpoint directory.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file and the fault: a missing or unreadable ``meta.json``; a rank
+        file that is missing, empty, truncated, or whose SHA-256 differs.
+    """
+    path = Path(checkpoint)
+    meta, blobs = _verified(path)
+    records = [torch.load(io.BytesIO(b), map_location="cpu", weights_only=True) for b in blobs]
+    return Checkpoint(path, meta, records)
+
+
+def choose_checkpoint(directory: str | os.PathLike[str]) -> ResumeChoice:
+    """The checkpoint to resume from: the one ``latest`` names if it verifies, else the
+    newest older one that does (or every one, newest first, without ``latest``).
+
+    Raises
+    ------
+    CheckpointError
+        If checkpoints exist but none verifies, naming each and its fault.
+    """
+    root = Path(directory)
+    refused: dict[str, str] = {}
+    candidates = _published(root)[::-1]
+    pointer = root / _LATEST
+    if pointer.is_file():
+        named = pointer.read_bytes().decode(errors="replace").strip()
+        order = _order(named)
+        if order is None:
+            refused[_LATEST] = f"names {named!r}, which is not a checkpoint"
+        else:
+            candidates = [root / named, *(p for p in candidates if _order(p.name) < order)]
+    for path in candidates:
+        try:
+            return ResumeChoice(read_checkpoint(path), refused)
+        except _Damaged as damaged:
+            refused[path.name] = damaged.reason
+    if refused:
+        raise CheckpointError(
+            f"no checkpoint in {root} can be resumed: {_refusals(refused)}; restore or remove "
+            "them, or start afresh without --resume (output.resume)"
+        )
+    return ResumeChoice(None, refused)
+
+
+def _newest_good(root: Path, before_step: int) -> Path | None:
+    """The newest published checkpoint of a step before ``before_step`` that verifies."""
+    for path in reversed(_published(root)):
+        if _order(path.name)[0] < before_step:
+            try:
+                _verified(path)
+            except _Damaged:
+                continue
+            return path
+    return None
+
+
+def _last_good_sentence(root: Path, before_step: int) -> str:
+    good = _newest_good(root, before_step)
+    if good is None:
+        return f"There is no good checkpoint in {root} to resume from."
+    step = _order(good.name)[0]
+    return f"The last good checkpoint is {good} (global step {step}); --resume continues from it."
+
+
+def set_aside_nonfinite(directory: str | os.PathLike[str], global_step: int) -> str:
+    """After a non-finite loss at ``global_step`` (rank 0 only, no collective): set the
+    checkpoint of that step aside and point ``latest`` at the newest older good one.
+
+    A checkpoint of ``global_step`` was written right before the step that diverged;
+    resuming from it would replay that very step. It is renamed ``<name>.nonfinite``
+    (kept to inspect, never resumed from, never pruned); ``latest`` is removed if no
+    older checkpoint verifies.
+
+    Returns
+    -------
+    str
+        A sentence naming the last good checkpoint (path and step), or saying there is
+        none, for the error message.
+    """
+    root = Path(directory)
+    aside = []
+    for path in _published(root):
+        if _order(path.name)[0] == global_step:
+            target = root / f"{path.name}.nonfinite"
+            shutil.rmtree(target, ignore_errors=True)  # set aside by an earlier run
+            os.replace(path, target)
+            aside.append(target.name)
+    good = _newest_good(root, global_step)
+    if good is not None:
+        _atomic_write_bytes(root / _LATEST, good.name.encode())
+    else:
+        (root / _LATEST).unlink(missing_ok=True)
+    sentence = _last_good_sentence(root, global_step)
+    if aside:
+        sentence += f" The checkpoint of step {global_step} was set aside as {', '.join(aside)}."
+    return sentence
 
 
 def _assemble(records: list[dict], shape: GridShape, shard: ParamShard, pick) -> torch.Tensor:
@@ -165,17 +496,61 @@ def _model_section(saved: dict[str, Any], path: Path) -> dict[str, Any]:
     return asdict(ModelConfig(**saved))
 
 
+def _dataset(data: dict[str, Any]) -> str:
+    return f"{data.get('name')!r}" + (f" ({data['path']})" if data.get("path") else "")
+
+
+def _check_shapes(
+    checkpoint: Checkpoint, params: dict[str, torch.nn.Parameter], data_config: dict[str, Any]
+) -> None:
+    """Refuse a checkpoint whose parameters' global shapes differ from this run's (another
+    feature or class count), naming each parameter and both shapes."""
+    saved = {n: tuple(s["global_shape"]) for n, s in checkpoint.meta["shards"].items()}
+    here = {n: tuple(p.shard.global_shape) for n, p in params.items()}
+    differences = [
+        f"parameter {name}: {saved.get(name, 'absent')} in the checkpoint, "
+        f"{here.get(name, 'absent')} in this run"
+        for name in sorted(set(saved) | set(here))
+        if saved.get(name) != here.get(name)
+    ]
+    if not differences:
+        return
+    written_for = checkpoint.meta["config"].get("data", {})
+    datasets = ""
+    if _dataset(written_for) != _dataset(data_config):
+        datasets = (
+            f"; dataset {_dataset(written_for)} in the checkpoint, "
+            f"{_dataset(data_config)} in this run"
+        )
+    raise CheckpointError(
+        f"{checkpoint.path}: written for another dataset or model: {'; '.join(differences)}"
+        f"{datasets}; resume with the dataset it was written for, or start afresh in another "
+        "output.dir"
+    )
+
+
 def load_checkpoint(
-    checkpoint: str | os.PathLike[str],
+    checkpoint: Checkpoint | str | os.PathLike[str],
     *,
     grid: Grid4D,
     model: ParallelScaleGNN,
     optimizer: torch.optim.Optimizer,
     model_config: dict[str, Any],
+    data_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Load ``checkpoint`` into this rank's shards (re-sliced for its grid); returns progress."""
-    path = Path(checkpoint)
-    meta = json.loads((path / "meta.json").read_text())
+    """Load ``checkpoint`` (read and verified here if given as a path) into this rank's
+    shards, re-sliced for its grid; returns the progress it recorded.
+
+    Raises
+    ------
+    CheckpointError
+        A damaged checkpoint (see :func:`read_checkpoint`), another model section, or
+        parameters of other global shapes (another dataset's feature or class count),
+        before anything is copied.
+    """
+    if not isinstance(checkpoint, Checkpoint):
+        checkpoint = read_checkpoint(checkpoint)
+    path, meta, records = checkpoint.path, checkpoint.meta, checkpoint.records
     saved = _model_section(meta["config"]["model"], path)
     if saved != model_config:
         differences = ", ".join(
@@ -184,20 +559,9 @@ def load_checkpoint(
             if saved.get(key) != value
         )
         raise CheckpointError(f"{path}: {differences}; resume with the same model section")
-    old_shape = GridShape.parse(meta["grid"])
-    old_ranks = [
-        old_shape.rank_of(Coords(0, x, y, z))
-        for z in range(old_shape.z)
-        for y in range(old_shape.y)
-        for x in range(old_shape.x)
-    ]
-    records = []
-    for rank in old_ranks:
-        file = path / f"rank{rank:05d}.pt"
-        if not file.is_file():
-            raise CheckpointError(f"{file}: missing; the checkpoint is incomplete")
-        records.append(torch.load(file, map_location="cpu", weights_only=True))
     params = model.sharded_state_dict()
+    _check_shapes(checkpoint, params, data_config or {})
+    old_shape = GridShape.parse(meta["grid"])
     slices = {n: p.shard.local_slices(grid.shape, grid.coords) for n, p in params.items()}
     device = next(model.parameters()).device
     with torch.no_grad():

@@ -37,7 +37,7 @@ from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import sample_vertices
-from dgl_scalegnn.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from dgl_scalegnn.train.checkpoint import choose_checkpoint, load_checkpoint, save_checkpoint
 from dgl_scalegnn.train.heap import (
     HeapGrowthBound,
     release_free_heap,
@@ -145,6 +145,9 @@ class Trainer:
         self.progress = _Progress()
         self._prefetcher: Prefetcher[RankBatch] | None = None
         self.checkpoints = Path(cfg.output.dir) / "checkpoints" if cfg.output.dir else None
+        #: (global step, directory) of the checkpoint that holds this process's current
+        #: state (saved, or resumed from, and not trained since): saving again is a no-op.
+        self._on_disk: tuple[int, Path] | None = None
         if cfg.output.resume:
             self._resume()
 
@@ -152,25 +155,41 @@ class Trainer:
     def _resume(self) -> None:
         if self.checkpoints is None:
             raise ConfigError("output.resume needs output.dir (where the checkpoints are)")
-        checkpoint = latest_checkpoint(self.checkpoints)
-        if checkpoint is None:
+        choice = choose_checkpoint(self.checkpoints)  # every rank reads the same files
+        note = choice.note()
+        if note is not None:
+            self.metrics.note(note)  # the newer checkpoints refused, and why
+        if choice.checkpoint is None:
             self.metrics.write("resume", checkpoint=None, note="no checkpoint yet; starting")
             return
         saved = load_checkpoint(
-            checkpoint,
+            choice.checkpoint,
             grid=self.grid,
             model=self.model,
             optimizer=self.optimizer,
             model_config=asdict(self.cfg.model),
+            data_config=asdict(self.cfg.data),
         )
         self.progress = _Progress(**saved)
-        self.metrics.write("resume", checkpoint=str(checkpoint), step=self.progress.global_step)
+        self._on_disk = (self.progress.global_step, choice.checkpoint.path)
+        self.metrics.write(
+            "resume",
+            checkpoint=str(choice.checkpoint.path),
+            step=self.progress.global_step,
+            refused=choice.refused,
+        )
 
-    def save(self) -> None:
-        """Write a checkpoint of the current step (collective; no-op without output.dir)."""
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (collective); returns its directory.
+
+        A no-op without output.dir (returns ``None``), and when this step's state is
+        already on disk: saved, or resumed from, and not trained since.
+        """
         if self.checkpoints is None:
-            return
-        save_checkpoint(
+            return None
+        if self._on_disk is not None and self._on_disk[0] == self.progress.global_step:
+            return self._on_disk[1]
+        written = save_checkpoint(
             self.checkpoints,
             grid=self.grid,
             model=self.model,
@@ -178,6 +197,8 @@ class Trainer:
             progress=asdict(self.progress),
             config=self.cfg.to_dict(),
         )
+        self._on_disk = (self.progress.global_step, written)
+        return written
 
     # ------------------------------------------------------------------ one step
     def _batch(self, global_step: int) -> RankBatch:
