@@ -109,25 +109,24 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
     """``work(coordinator)`` on this process, or on every rank of an ``mpirun``/``srun``/
-    ``torchrun`` launch with a watchdog: a rank that fails stops all with its message."""
+    ``torchrun`` launch with a watchdog: a rank that fails stops all, which say its
+    message unless it is bad input (then the failing rank alone reports it)."""
     from dgl_scalegnn.data.streaming import SingleProcess, StoreCoordinator
     from dgl_scalegnn.distributed.bootstrap import detect_launch, init_distributed
-    from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog
+    from dgl_scalegnn.distributed.watchdog import Watchdog
 
     info = detect_launch()
     if info.world_size == 1:
         return work(SingleProcess())
     import torch.distributed as dist
 
-    store, hosts_store = init_distributed(info, "gloo", timeout_s)
-    watchdog = Watchdog(store, info.rank, info.world_size, hosts_store=hosts_store).start()
+    job = init_distributed(info, "gloo", timeout_s)
+    watchdog = Watchdog(job, info.rank, info.world_size).start()
     try:
-        result = work(StoreCoordinator(store, info.rank, info.world_size))
+        result = work(StoreCoordinator(job.store, info.rank, info.world_size))
     except BaseException as error:
-        record = watchdog.report_failure(f"{type(error).__name__}: {error}")
-        if not record.startswith(f"rank {info.rank} "):
-            print(f"[rank {info.rank}] stopping the job: {record}", file=sys.stderr, flush=True)
-            os._exit(ABORT_EXIT_CODE)
+        # ends this process if another rank's failure caused this one
+        watchdog.report_failure(error, bad_input=isinstance(error, _user_errors()))
         raise
     dist.barrier()  # the store's host (rank 0) outlives every reader
     watchdog.close()

@@ -25,6 +25,10 @@ root=${SCALEGNN_ROOT:-$SLURM_SUBMIT_DIR}
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export MASTER_ADDR
 export MASTER_PORT=${MASTER_PORT:-29500}
+# The ranks keep every rendezvous key under this secret (srun hands it to every task):
+# no process outside the job can read or set them. Drawn here unless it is set.
+SCALEGNN_JOB_SECRET=${SCALEGNN_JOB_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
+export SCALEGNN_JOB_SECRET
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8}
 
 # Usual NCCL settings; adjust the interface to the site's high-speed network.

@@ -5,10 +5,14 @@
 #   launch/torchrun.sh 4 1x1x2x2 yaml/synthetic.yaml --metrics run.jsonl
 #
 # For several nodes, run it on each node with TORCHRUN_ARGS="--nnodes=N --node-rank=I
-# --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT" and NP = processes per node.
+# --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT" and NP = processes per node, and export
+# the same SCALEGNN_JOB_SECRET on every node, e.g. one drawn once with
+#   export SCALEGNN_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+# The ranks keep every rendezvous key under it (no process outside the job can read or
+# set them); on one node the script draws a fresh one unless it is set.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,9p' "$0" >&2
+  sed -n '2,12p' "$0" >&2
   exit 2
 fi
 np=$1 grid=$2 config=$3
@@ -17,6 +21,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 torchrun=${TORCHRUN:-$root/.venv/bin/torchrun}
 cores=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / np > 0 ? cores / np : 1 ))}
+if [ -z "${SCALEGNN_JOB_SECRET:-}" ]; then
+  if [[ "${TORCHRUN_ARGS:-}" == *--nnodes* ]]; then
+    echo "torchrun.sh: TORCHRUN_ARGS names --nnodes: export the same SCALEGNN_JOB_SECRET" \
+      "on every node (see the header of $0)" >&2
+    exit 2
+  fi
+  SCALEGNN_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+fi
+export SCALEGNN_JOB_SECRET
 # shellcheck disable=SC2086
 exec "$torchrun" --nproc-per-node "$np" ${TORCHRUN_ARGS:---standalone} \
   -m dgl_scalegnn.cli train --config "$config" --grid "$grid" "$@"

@@ -3,9 +3,10 @@
 Ranks are forked from a forkserver that has already imported torch, DGL and
 dgl_scalegnn (importing them costs ~3 s of CPU per process; 8 ranks on 2 cores would
 spend most of a test importing). Each rank gets the environment torchrun gives
-(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), one thread (or the
-``OMP_NUM_THREADS`` the test passes in ``env``), and its own
-stdout/stderr files; a failing rank fails the test with every rank's output.
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), the job secret
+launch/torchrun.sh hands (SCALEGNN_JOB_SECRET, drawn per group), one thread (or the
+``OMP_NUM_THREADS`` the test passes in ``env``), and its own stdout/stderr files; a
+failing rank fails the test with every rank's output.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
+import secrets
 import socket
 import sys
 import time
@@ -131,6 +133,7 @@ def start_ranks(
     reserved = reserve_port()
     port = str(reserved.getsockname()[1])
     log_path = Path(log_dir)
+    secret = secrets.token_hex(32)
     processes: list = []
     group = RankGroup(processes, log_path, reserved)
     try:
@@ -142,6 +145,7 @@ def start_ranks(
                 "LOCAL_RANK": str(rank),
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": port,
+                "SCALEGNN_JOB_SECRET": secret,
                 "OMP_NUM_THREADS": "1",
                 **(env or {}),
             }

@@ -8,7 +8,10 @@ rendezvous key-value store (a ``TCPStore``):
 - each rank watches the next rank's counter (a ring, so the store sees O(world) traffic);
   a counter that stops for ``timeout`` seconds means that rank is gone;
 - a rank that fails, or sees a rank gone, writes one abort record naming the rank and
-  the reason; every watchdog polls that record and ends its process with it;
+  the reason; every watchdog polls that record and ends its process with it, saying
+  why, unless the record is bad input (the failing rank reports that itself, once);
+- the record is signed with a key derived from the job's secret: a record no rank of
+  the job signed (written by a client outside it) is ignored;
 - a rank that finishes normally marks itself done, so it is not taken for dead;
 - losing the store itself means the rank that hosts it (rank 0) is gone.
 
@@ -18,18 +21,71 @@ Aborting uses ``os._exit``: the main thread may be blocked inside a collective.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
-__all__ = ["Watchdog", "ABORT_EXIT_CODE", "is_communication_error"]
+from dgl_scalegnn.distributed.bootstrap import JobStore
+
+__all__ = [
+    "Watchdog",
+    "AbortRecord",
+    "ABORT_EXIT_CODE",
+    "is_communication_error",
+    "stopped_the_job",
+]
 
 ABORT_EXIT_CODE = 17
 _ABORT, _DONE = "watchdog/abort", "watchdog/done/{}"
+_RECORD_TRIES = 3  # replacements of an unsigned abort record before giving up on the store
+_STOPPED_THE_JOB = "_scalegnn_stopped_the_job"
+
+
+@dataclass(frozen=True)
+class AbortRecord:
+    """Why the job stops: the rank that wrote it, its kind, and the message.
+
+    ``kind`` is ``"input"`` for bad input (a configuration, dataset, grid or checkpoint
+    error): the failing rank reports it, the ranks it stops exit quietly. Any other
+    failure (``"error"``) is said by every rank it stops.
+    """
+
+    rank: int
+    kind: str
+    message: str
+
+    def encode(self, key: bytes) -> bytes:
+        """``<HMAC-SHA256 of the payload, hex> <JSON payload>``: the key stays secret."""
+        payload = json.dumps([self.rank, self.kind, self.message]).encode()
+        return _signature(key, payload) + b" " + payload
+
+    @classmethod
+    def decode(cls, value: bytes, key: bytes) -> AbortRecord | None:
+        """The record in ``value``, or ``None`` if ``key`` did not sign it."""
+        signature, _, payload = value.partition(b" ")
+        if not hmac.compare_digest(signature, _signature(key, payload)):
+            return None
+        rank, kind, message = json.loads(payload)
+        return cls(rank, kind, message)
+
+
+def _signature(key: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, payload, hashlib.sha256).hexdigest().encode()
+
+
+def stopped_the_job(error: BaseException) -> bool:
+    """Whether ``error`` is the failure whose record stopped a multi-process job: the rank
+    that raised it reports it (whichever rank it is); the ranks it stopped said nothing
+    if it is bad input."""
+    return getattr(error, _STOPPED_THE_JOB, False)
 
 
 def is_communication_error(error: BaseException) -> bool:
@@ -47,32 +103,31 @@ class Watchdog:
 
     Parameters
     ----------
-    store : torch.distributed.Store
-        The rendezvous store all ranks share.
+    job : JobStore
+        The store all ranks share (under the job's secret prefix), whether this rank's
+        process hosts it (then it lingers after an abort record so that the other
+        watchdogs can read it before the store goes away), and the key that signs
+        abort records.
     rank, world_size : int
         This rank and the job size.
     interval, timeout : float
         Heartbeat period, and silence after which a rank is declared gone.
-    hosts_store : bool
-        This rank's process holds the store: it lingers after an abort record so that
-        the other watchdogs can read it before the store goes away.
     exit : callable
         Ends the process (``os._exit`` unless a test passes something else).
     """
 
     def __init__(
         self,
-        store: dist.Store,
+        job: JobStore,
         rank: int,
         world_size: int,
         *,
         interval: float = 1.0,
         timeout: float = 15.0,
-        hosts_store: bool = False,
         exit: Callable[[int], None] = os._exit,
     ) -> None:
-        self.store, self.rank, self.world_size = store, rank, world_size
-        self.hosts_store = hosts_store
+        self.store, self.rank, self.world_size = job.store, rank, world_size
+        self.hosts_store, self._key = job.hosts_store, job.record_key
         self.interval, self.timeout = interval, timeout
         self._exit = exit
         self._stop = threading.Event()
@@ -97,8 +152,10 @@ class Watchdog:
         while not self._stop.wait(self.interval):
             try:
                 self._beat()
-                if self.store.check([_ABORT]):
-                    self._abort(self.store.get(_ABORT).decode())
+                record = self._standing()
+                if record is not None:
+                    if record.rank != self.rank:  # its own: the main thread reports it
+                        self._follow(record)
                     return
                 if self.store.check([_DONE.format(watched)]):
                     continue
@@ -122,23 +179,42 @@ class Watchdog:
                 )
                 return
 
-    def _record(self, message: str) -> str:
-        """Write the abort record unless one exists; return the one that stands."""
+    def _standing(self) -> AbortRecord | None:
+        """The job's abort record, if one signed by a rank of the job exists."""
+        if not self.store.check([_ABORT]):
+            return None
+        return AbortRecord.decode(self.store.get(_ABORT), self._key)
+
+    def _record(self, record: AbortRecord) -> AbortRecord:
+        """Write ``record`` unless a signed one exists; return the one that stands.
+
+        An unsigned value (set from outside the job) is replaced, not obeyed."""
+        mine, expected = record.encode(self._key), b""
         try:
-            return self.store.compare_set(_ABORT, "", message).decode()
+            for _ in range(_RECORD_TRIES):
+                value = self.store.compare_set(_ABORT, expected, mine)
+                standing = AbortRecord.decode(value, self._key)
+                if standing is not None:
+                    return standing
+                expected = value
         except Exception:  # nothing more can be done without the store
-            return message
+            pass
+        return record
 
     def fail(self, reason: str) -> None:
         """Record why the job must stop (first record wins) and end this process."""
-        self._abort(self._record(f"rank {self.rank}: {reason}"))
+        self._follow(self._record(AbortRecord(self.rank, "error", f"rank {self.rank}: {reason}")))
 
     def _linger(self) -> None:
         if self.hosts_store:
             time.sleep(3 * self.interval)
 
-    def _abort(self, message: str) -> None:
-        print(f"[rank {self.rank}] stopping the job: {message}", file=sys.stderr, flush=True)
+    def _follow(self, record: AbortRecord) -> None:
+        self._abort(record.message, quiet=record.kind == "input")
+
+    def _abort(self, message: str, quiet: bool = False) -> None:
+        if not quiet:
+            print(f"[rank {self.rank}] stopping the job: {message}", file=sys.stderr, flush=True)
         self._linger()
         self._exit(ABORT_EXIT_CODE)
 
@@ -152,24 +228,36 @@ class Watchdog:
         deadline = time.monotonic() + 2 * self.timeout + 3 * self.interval
         while time.monotonic() < deadline:
             try:
-                if self.store.check([_ABORT]):
-                    self._abort(self.store.get(_ABORT).decode())
+                record = self._standing()
+                if record is not None:
+                    self._follow(record)
                     return
             except Exception as error:
                 self._abort(f"lost the rendezvous store hosted by rank 0 ({error}); rank 0 is gone")
                 return
             time.sleep(self.interval / 2)
 
-    def report_failure(self, reason: str) -> str:
+    def report_failure(self, error: BaseException, *, bad_input: bool = False) -> None:
         """Called by a rank whose own work failed: record it so the others stop too.
 
-        Returns the record that stands: this failure, or an earlier one that caused it
-        (a collective that broke because another rank had already gone).
+        If an earlier record stands (another rank failed or left first, and this one
+        broke because of it), this process ends with that record. Otherwise ``error``
+        is marked as the job's failure (:func:`stopped_the_job`) and returns to the
+        caller to report; ``bad_input`` makes the ranks it stops exit without a word.
         """
         self._stop.set()
-        record = self._record(f"rank {self.rank} failed: {reason}")
-        self._linger()
-        return record
+        record = self._record(
+            AbortRecord(
+                self.rank,
+                "input" if bad_input else "error",
+                f"rank {self.rank} failed: {type(error).__name__}: {error}",
+            )
+        )
+        if record.rank == self.rank:
+            setattr(error, _STOPPED_THE_JOB, True)
+            self._linger()
+        else:
+            self._follow(record)
 
     def close(self) -> None:
         """Normal end: mark this rank done and stop the thread."""

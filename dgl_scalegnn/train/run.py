@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -13,8 +12,8 @@ import torch.distributed as dist
 
 import dgl_scalegnn
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import Config, ParallelConfig, check_kernel_backend
-from dgl_scalegnn.core.grid_shape import GridShape
+from dgl_scalegnn.config import Config, ConfigError, ParallelConfig, check_kernel_backend
+from dgl_scalegnn.core.grid_shape import GridError, GridShape
 from dgl_scalegnn.data.cache import shared_prepared_directory
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.graph import DatasetError
@@ -28,12 +27,21 @@ from dgl_scalegnn.distributed.bootstrap import (
 )
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog, is_communication_error
+from dgl_scalegnn.distributed.watchdog import Watchdog, is_communication_error
 from dgl_scalegnn.profiling import Profiler
+from dgl_scalegnn.train.checkpoint import CheckpointError
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 
-__all__ = ["Session", "start_session", "end_session", "load_graph", "run_training", "versions"]
+__all__ = [
+    "Session",
+    "start_session",
+    "end_session",
+    "input_errors",
+    "load_graph",
+    "run_training",
+    "versions",
+]
 
 
 def versions() -> dict[str, str]:
@@ -89,35 +97,32 @@ def start_session(parallel: ParallelConfig) -> Session:
     backend = resolve_backend(parallel.backend)
     check_kernel_backend(parallel.spmm_kernel, backend)
     device = device_for(info, backend)
-    started = init_distributed(info, backend, parallel.timeout_s, device)
+    job = init_distributed(info, backend, parallel.timeout_s, device)
     watchdog = None
-    if started is not None:
-        store, hosts_store = started
-        watchdog = Watchdog(
-            store, info.rank, info.world_size, timeout=parallel.watchdog_s, hosts_store=hosts_store
-        ).start()
+    if job is not None:
+        watchdog = Watchdog(job, info.rank, info.world_size, timeout=parallel.watchdog_s).start()
     grid = Grid4D.build(shape, info.rank)
     warm_up_groups(grid, device)
     runtime = Runtime(grid, CommOptions.from_config(parallel), Profiler(device=device))
     return Session(info, runtime, device, backend, watchdog)
 
 
+def input_errors() -> tuple[type[Exception], ...]:
+    """Errors that mean "the input is wrong" (configuration, grid, dataset, checkpoint):
+    said in one line by one rank, exit code 2."""
+    return ConfigError, GridError, DatasetError, CheckpointError
+
+
 def end_session(session: Session, error: BaseException | None = None) -> None:
     """Shut down (the watchdog's thread too, which must not outlive the interpreter);
-    after an ``error`` make every other rank stop too and say why."""
+    after an ``error`` make every other rank stop too. A rank that only broke because
+    another had failed or gone first ends here with the watchdog's exit code (17),
+    saying why unless that was bad input (which its own rank reports)."""
     watchdog = session.watchdog
     if watchdog is not None and error is not None:
         if is_communication_error(error):
             watchdog.await_verdict()  # ends the process if another rank left first
-        record = watchdog.report_failure(f"{type(error).__name__}: {error}")
-        if not record.startswith(f"rank {session.launch.rank} "):
-            # This rank only broke because another had gone first: say that, and stop.
-            print(
-                f"[rank {session.launch.rank}] stopping the job: {record}",
-                file=sys.stderr,
-                flush=True,
-            )
-            os._exit(ABORT_EXIT_CODE)
+        watchdog.report_failure(error, bad_input=isinstance(error, input_errors()))
     elif watchdog is not None:
         dist.barrier()  # nobody marks itself done while another still trains
         watchdog.close()

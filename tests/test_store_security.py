@@ -1,0 +1,241 @@
+"""Nothing outside the job can steer it through the rendezvous store, and bad input is
+said once.
+
+An outside client on the same machine that knows the store's port connects to it,
+sets the keys it can guess (``watchdog/abort`` first) and forges an abort record under
+every prefix the store lists; the job must run to the end with the losses of an
+undisturbed run, its store listening on loopback only. A job whose input is bad on
+every rank prints one line, from the failing rank."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import secrets
+import signal
+import subprocess
+import threading
+
+import psutil
+import pytest
+import torch.distributed as dist
+
+import yaml
+from dgl_scalegnn.cli import main as cli_main
+from dgl_scalegnn.config import ConfigError
+from dgl_scalegnn.distributed.bootstrap import (
+    SECRET_VARIABLE,
+    JobStore,
+    LaunchInfo,
+    init_distributed,
+)
+from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog, stopped_the_job
+from dgl_scalegnn.train.metrics import read_metrics
+from tests.helpers import ROOT
+from tests.ranks import reserve_port, spawn_ranks, start_ranks
+
+CONFIG = {
+    "data": {"name": "synthetic", "synthetic": {"num_nodes": 2000, "num_features": 16}},
+    "model": {"hidden": 16, "layers": 2},
+    "sampling": {"batch_size": 250},
+    # 24 steps (seconds): the watchdogs poll the store several times meanwhile
+    "train": {"epochs": 3, "max_steps": 24, "progress": False},
+    "parallel": {"watchdog_s": 5},
+}
+INJECTED = "rank 0: injected by an outside client"
+
+
+class OutsideClient:
+    """Connects to ``port`` on loopback as a ``TCPStore`` client, again and again while
+    the job runs, and sets every key it can guess or list; notes where the store
+    listens."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.listening: set[str] = set()  # addresses a socket on the port listens on
+        self.prefixes: set[str] = set()  # prefixes under which it forged an abort record
+        self.guessed = 0  # rounds in which it set the guessed keys
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> OutsideClient:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        store = None
+        while not self._stop.wait(0.2):
+            self.listening |= {
+                c.laddr.ip
+                for c in psutil.net_connections("inet")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == self.port
+            }
+            try:
+                store = store or dist.TCPStore(
+                    "127.0.0.1", self.port, is_master=False, timeout=datetime.timedelta(seconds=2)
+                )
+                self._attack(store)
+            except Exception:  # not listening yet, or gone: the job ended
+                store = None
+
+    def _attack(self, store: dist.Store) -> None:
+        store.set("watchdog/abort", INJECTED)
+        for rank in range(4):
+            store.set(f"watchdog/done/{rank}", "1")
+        self.guessed += 1
+        for key in store.list_keys():
+            if "watchdog/" in key:
+                prefix = key[: key.index("watchdog/")]
+                forged = json.dumps([1, "error", INJECTED])
+                store.set(f"{prefix}watchdog/abort", f"{'0' * 64} {forged}")
+                self.prefixes.add(prefix)
+
+
+def _config_file(tmp_path, config: dict) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def undisturbed_losses(tmp_path_factory) -> list[float]:
+    """The losses of the same job on one process, with no client around."""
+    tmp_path = tmp_path_factory.mktemp("undisturbed")
+    metrics = tmp_path / "undisturbed.jsonl"
+    argv = ["train", "--config", _config_file(tmp_path, CONFIG), "--metrics", str(metrics)]
+    assert cli_main(argv) == 0
+    return [e["loss"] for e in read_metrics(metrics, "step")]
+
+
+def _check_unsteered(client: OutsideClient, metrics, undisturbed: list[float]) -> None:
+    assert client.guessed > 0 and client.prefixes, "the client never reached the store"
+    assert client.listening == {"127.0.0.1"}
+    losses = [e["loss"] for e in read_metrics(metrics, "step")]
+    assert len(losses) == CONFIG["train"]["max_steps"]
+    assert losses == pytest.approx(undisturbed, rel=1e-4)
+
+
+def test_outside_client_cannot_steer_an_mpirun_job(tmp_path, undisturbed_losses):
+    """The probe's path: rank 0 hosts the store (on MASTER_PORT, so that the client knows
+    the port) and both ranks share this node, so it must listen on loopback only."""
+    metrics = tmp_path / "job.jsonl"
+    with reserve_port() as reserved:  # the port the client knows: held until the end
+        port = reserved.getsockname()[1]
+        command = [str(ROOT / "launch" / "mpirun.sh"), "2", "1x1x1x2"]
+        command += [_config_file(tmp_path, CONFIG), "--metrics", str(metrics)]
+        environment = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(port)}
+        with OutsideClient(port) as client:
+            launcher = subprocess.Popen(
+                command,
+                env=environment,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+            try:
+                output, _ = launcher.communicate(timeout=120)
+            finally:
+                if launcher.poll() is None:  # the test failed midway: leave nothing running
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(launcher.pid, signal.SIGKILL)
+                    launcher.communicate()
+    assert launcher.returncode == 0, output[-3000:]
+    assert INJECTED not in output
+    assert read_metrics(metrics)[0]["launcher"] == "mpi"
+    _check_unsteered(client, metrics, undisturbed_losses)
+
+
+def test_outside_client_cannot_steer_a_torchrun_job(tmp_path, undisturbed_losses):
+    """torchrun's environment (tests/ranks.py): rank 0 hosts the store on MASTER_ADDR.
+    The secret appears in no output and no metrics."""
+    metrics = tmp_path / "job.jsonl"
+    argv = ["train", "--config", _config_file(tmp_path, CONFIG), "--grid", "1x1x1x2"]
+    argv += ["--metrics", str(metrics)]
+    secret = secrets.token_hex(32)
+    env = {SECRET_VARIABLE: secret}
+    with (
+        start_ranks(2, "dgl_scalegnn.cli:main", [argv], tmp_path / "ranks", env=env) as group,
+        OutsideClient(group.port.getsockname()[1]) as client,
+    ):
+        timed_out, results = group.wait(timeout=120)
+    assert not timed_out
+    assert [code for code, _ in results] == [0, 0], results
+    assert not any(INJECTED in output or secret in output for _, output in results)
+    assert secret not in metrics.read_text()
+    _check_unsteered(client, metrics, undisturbed_losses)
+
+
+@pytest.mark.parametrize(("secret", "found"), [("", "is not set"), ("x" * 31, "has 31 characters")])
+def test_a_launch_without_a_job_secret_is_refused(monkeypatch, secret, found):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")  # never reached: refused before connecting
+    monkeypatch.setenv(SECRET_VARIABLE, secret)
+    info = LaunchInfo(rank=1, world_size=2, local_rank=1, launcher="torchrun")
+    with pytest.raises(ConfigError, match=f"{SECRET_VARIABLE} {found} .*launch/torchrun.sh"):
+        init_distributed(info, "gloo", 5)
+
+
+def test_bad_input_on_every_rank_is_one_line_from_one_rank(tmp_path):
+    """A dgl data file that is not a graph: the failing rank (rank 0, which prepares the
+    node's copy) says it once and exits 2; the rank it stops exits 17 without a word."""
+    path = tmp_path / "graph.bin"
+    path.write_bytes(os.urandom(4096))
+    config = {**CONFIG, "data": {"name": "dgl", "path": str(path)}}
+    argv = ["train", "--config", _config_file(tmp_path, config), "--grid", "1x1x1x2"]
+    results = spawn_ranks(
+        2, "dgl_scalegnn.cli:main", [argv], tmp_path / "ranks", expect_failure=True, timeout=60
+    )
+    assert [code for code, _ in results] == [2, ABORT_EXIT_CODE], results
+    said = [line for _, output in results for line in output.splitlines() if line.strip()]
+    errors = [line for line in said if not line.startswith("scalegnn: preparing ")]
+    assert len(errors) == 1 and errors[0].startswith("scalegnn: error: "), said
+
+
+class _Exited(Exception):
+    """Raised by the watchdogs' ``exit`` below instead of ending the test's process."""
+
+
+def _exit(code: int) -> None:
+    raise _Exited(code)
+
+
+def _watchdogs(store: dist.Store, key: bytes = b"k" * 32) -> list[Watchdog]:
+    job = JobStore(dist.PrefixStore("job", store), hosts_store=False, record_key=key)
+    return [Watchdog(job, rank, 2, interval=0.05, timeout=0.1, exit=_exit) for rank in range(2)]
+
+
+@pytest.mark.parametrize("bad_input", [True, False], ids=["bad input", "other error"])
+def test_a_rank_stopped_by_another_says_why_unless_it_was_bad_input(capsys, bad_input):
+    first, second = _watchdogs(dist.HashStore())
+    error = ValueError("data.path: not a graph")
+    first.report_failure(error, bad_input=bad_input)  # its record stands: it returns
+    assert stopped_the_job(error)
+    with pytest.raises(_Exited, match=str(ABORT_EXIT_CODE)):
+        second.report_failure(RuntimeError("a collective broke"), bad_input=bad_input)
+    said = capsys.readouterr().err
+    if bad_input:
+        assert said == ""
+    else:
+        assert "[rank 1] stopping the job: rank 0 failed: ValueError: data.path" in said
+
+
+def test_an_abort_record_no_rank_signed_is_ignored_then_replaced(capsys):
+    store = dist.HashStore()
+    store.set("job/watchdog/abort", f"{'0' * 64} {json.dumps([1, 'error', INJECTED])}")
+    first, second = _watchdogs(store)
+    second.await_verdict()  # returns: no record of the job stands
+    error = RuntimeError("shard file missing")
+    first.report_failure(error)
+    assert stopped_the_job(error)
+    with pytest.raises(_Exited):
+        second.await_verdict()
+    assert "rank 0 failed: RuntimeError: shard file missing" in capsys.readouterr().err
+    other_job = _watchdogs(store, key=b"x" * 32)[1]  # another secret signs nothing here
+    other_job.await_verdict()
