@@ -56,6 +56,7 @@ def _train_config(args: argparse.Namespace) -> Config:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from dgl_scalegnn.train.preemption import PREEMPTED_EXIT_CODE
     from dgl_scalegnn.train.run import run_training
 
     cfg = _train_config(args)
@@ -63,11 +64,15 @@ def _train(args: argparse.Namespace) -> int:
     if _launch_rank() == 0:
         best, test = summary["best_val_acc"], summary["test_at_best_val"]
         print(
-            f"best validation accuracy {best:.4f}, test accuracy at best validation {test:.4f}, "
-            f"training time {summary['train_s']:.2f} s",
+            f"best validation accuracy {_accuracy(best)}, test accuracy at best validation "
+            f"{_accuracy(test)}, training time {summary['train_s']:.2f} s",
             flush=True,
         )
-    return 0
+    return PREEMPTED_EXIT_CODE if "preempted" in summary else 0
+
+
+def _accuracy(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _prepare(args: argparse.Namespace) -> int:

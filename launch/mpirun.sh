@@ -27,6 +27,18 @@ for name in OMP_WAIT_POLICY SCALEGNN_CACHE_DIR; do
   [ -n "${!name:-}" ] && extra+=(-x "$name")
 done
 # shellcheck disable=SC2086
-exec "$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} -x OMP_NUM_THREADS="$threads" \
+"$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} -x OMP_NUM_THREADS="$threads" \
   -x SCALEGNN_DATA_ROOT -x PATH \
-  "$scalegnn" train --config "$config" --grid "$grid" "$@"
+  "$scalegnn" train --config "$config" --grid "$grid" "$@" &
+ranks=$!
+# Preemption: mpirun kills its ranks 0.2 s after forwarding a SIGTERM it receives, too
+# soon for a checkpoint, but forwards SIGUSR1 and SIGUSR2 untouched. So this script's
+# SIGTERM (scancel, Slurm's time limit, a preemption) reaches the ranks as SIGUSR2,
+# which they take as SIGTERM: checkpoint at the next step, then exit 75.
+trap 'kill -USR2 "$ranks" 2>/dev/null' TERM
+trap 'kill -USR1 "$ranks" 2>/dev/null' USR1
+while :; do
+  wait "$ranks" && status=0 || status=$?
+  kill -0 "$ranks" 2>/dev/null || break # a trapped signal interrupts wait: wait again
+done
+exit "$status"

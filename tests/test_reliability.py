@@ -235,7 +235,7 @@ def _graph_file(tmp_path, graph: dgl.DGLGraph, name: str = "graph.bin"):
     return path
 
 
-def _odd_graph(nan_feature: bool = False, empty_train: bool = False) -> dgl.DGLGraph:
+def _odd_graph(huge_feature: bool = False, empty_train: bool = False) -> dgl.DGLGraph:
     """Isolated vertices, self loops, duplicate and one-way edges, one huge-degree vertex."""
     rng = np.random.default_rng(0)
     n = 300
@@ -245,8 +245,8 @@ def _odd_graph(nan_feature: bool = False, empty_train: bool = False) -> dgl.DGLG
         (torch.from_numpy(src), torch.from_numpy(dst)), num_nodes=n
     )  # 250..299 isolated
     features = torch.from_numpy(rng.standard_normal((n, 8))).float()
-    if nan_feature:
-        features[17, 3] = float("nan")
+    if huge_feature:  # finite, so the dataset is taken; a step that samples it overflows
+        features[17] = 3e38
     graph.ndata["feat"] = features
     graph.ndata["label"] = torch.from_numpy(rng.integers(0, 4, n))
     split = torch.from_numpy(rng.random(n))
@@ -299,7 +299,7 @@ def test_empty_train_mask_and_impossible_batch_are_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("policy", ["stop", "skip"])
 def test_nan_loss_stops_at_its_step_or_is_skipped(tmp_path, policy):
-    path = _graph_file(tmp_path, _odd_graph(nan_feature=True))
+    path = _graph_file(tmp_path, _odd_graph(huge_feature=True))
     config = {
         "data": {"name": "dgl", "path": str(path)},
         "model": {"hidden": 8, "layers": 2},
@@ -321,8 +321,13 @@ def test_nan_loss_stops_at_its_step_or_is_skipped(tmp_path, policy):
         assert found, output[-2000:]
         bad = int(found.group(1))
         assert [e["step"] for e in read_metrics(metrics, "step")] == list(range(bad))
-        checkpoint = latest_checkpoint(tmp_path / "run" / "checkpoints")
-        assert checkpoint.name == f"step_{bad:08d}"  # the last good step, intact and loadable
+        # The checkpoint of step `bad` would replay the failing step: set aside, and the
+        # one before it is latest (intact and loadable), named in the message.
+        checkpoints = tmp_path / "run" / "checkpoints"
+        checkpoint = latest_checkpoint(checkpoints)
+        assert checkpoint.name == f"step_{bad - 1:08d}"
+        assert (checkpoints / f"step_{bad:08d}.nonfinite").is_dir()
+        assert f"The last good checkpoint is {checkpoint} (global step {bad - 1})" in output
         state = torch.load(checkpoint / "rank00000.pt", weights_only=True)
         assert all(torch.isfinite(p).all() for p in state["params"].values())
     else:

@@ -29,7 +29,8 @@ _LAUNCH_VARIABLES = (
     "MASTER_PORT",
 )
 
-# srun: note the arguments, then start SLURM_NTASKS copies of the command after the options.
+# srun: note the arguments, then start SLURM_NTASKS copies of the command after the
+# options; exit with the largest exit code of the tasks, as srun does.
 FAKE_SRUN = textwrap.dedent(
     """\
     #!/usr/bin/env bash
@@ -40,7 +41,10 @@ FAKE_SRUN = textwrap.dedent(
       SLURM_PROCID=$rank SLURM_LOCALID=$rank "$@" & pids+=($!)
     done
     status=0
-    for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+    for pid in "${pids[@]}"; do
+      wait "$pid" && code=0 || code=$?
+      (( code > status )) && status=$code
+    done
     exit $status
     """
 )

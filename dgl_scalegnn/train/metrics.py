@@ -1,6 +1,7 @@
 """JSON-lines metrics: one object per line, written by rank 0.
 
-Events: ``config`` (once), ``step``, ``eval``, ``summary``; see DESIGN §6. Each line is
+Events: ``config`` (once), ``step``, ``eval``, ``summary``; see DESIGN §6; and
+``note``, a sentence also printed for the person running the job. Each line is
 flushed as it is written so a crashed run keeps everything up to the crash.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import IO, Any
 
@@ -61,6 +63,14 @@ class MetricsWriter:
             self._file.flush()
         if self._echo is not None and event in ("eval", "summary"):
             print(line, file=self._echo, flush=True)
+
+    def note(self, message: str) -> None:
+        """Tell the person running the job something (rank 0 only): one line on stderr,
+        ``scalegnn: message``, and a ``note`` event."""
+        if not self.enabled:
+            return
+        print(f"scalegnn: {message}", file=sys.stderr, flush=True)
+        self.write("note", message=message)
 
     def close(self) -> None:
         if self._file is not None:

@@ -37,7 +37,12 @@ from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.sampling.uniform import sample_vertices
-from dgl_scalegnn.train.checkpoint import choose_checkpoint, load_checkpoint, save_checkpoint
+from dgl_scalegnn.train.checkpoint import (
+    choose_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    set_aside_nonfinite,
+)
 from dgl_scalegnn.train.heap import (
     HeapGrowthBound,
     release_free_heap,
@@ -45,8 +50,21 @@ from dgl_scalegnn.train.heap import (
     reuse_freed_heap,
 )
 from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.preemption import (
+    PREEMPTED_EXIT_CODE,
+    Preempted,
+    Request,
+    SignalRequests,
+)
 
 __all__ = ["Trainer", "NonFiniteError", "peak_rss_mb"]
+
+
+def _maximum(flags: torch.Tensor) -> torch.Tensor:
+    """``flags``, element-wise the maximum over every rank (in place; one all-reduce)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return flags
 
 
 class NonFiniteError(FloatingPointError):
@@ -79,6 +97,7 @@ class _Progress:
     test_at_best_val: float = 0.0
     time_to_target: float | None = None
     evaluated_step: int = -1
+    skipped_steps: int = 0
 
 
 class Trainer:
@@ -117,6 +136,27 @@ class Trainer:
                 f"sampling.batch_size: got {cfg.sampling.batch_size}, but {meta.name!r} has "
                 f"only {meta.num_nodes} vertices; use at most {meta.num_nodes}"
             )
+        #: Whether the validation and test masks select any vertex: an empty split has no
+        #: accuracy (None), and without validation the summary's test accuracy is the
+        #: last evaluation's.
+        self.has_split = {split: meta.split_sizes[split] > 0 for split in ("val", "test")}
+        target_split = cfg.train.target_metric.removesuffix("_acc")
+        if cfg.train.target_acc is not None and not self.has_split.get(target_split, True):
+            raise ConfigError(
+                f"train.target_metric: {cfg.train.target_metric!r}, but the {target_split}_mask "
+                f"of {meta.name!r} selects no vertex; choose another target_metric or unset "
+                "train.target_acc"
+            )
+        consequence = {
+            "val": "no model is selected on validation: the summary gives the test accuracy "
+            "of the last evaluation",
+            "test": "no test accuracy is reported",
+        }
+        for split, present in self.has_split.items():
+            if not present:
+                metrics.note(
+                    f"dataset {meta.name!r}: {split}_mask selects no vertex; {consequence[split]}"
+                )
         self.cfg, self.runtime, self.metrics = cfg, runtime, metrics
         self.grid = runtime.grid
         self.num_nodes = meta.num_nodes
@@ -144,6 +184,10 @@ class Trainer:
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.progress = _Progress()
         self._prefetcher: Prefetcher[RankBatch] | None = None
+        #: Signals received (:mod:`~dgl_scalegnn.train.preemption`), and the request the
+        #: ranks agreed on in the last step.
+        self.requests = SignalRequests()
+        self._request = Request.NONE
         self.checkpoints = Path(cfg.output.dir) / "checkpoints" if cfg.output.dir else None
         #: (global step, directory) of the checkpoint that holds this process's current
         #: state (saved, or resumed from, and not trained since): saving again is a no-op.
@@ -160,7 +204,9 @@ class Trainer:
         if note is not None:
             self.metrics.note(note)  # the newer checkpoints refused, and why
         if choice.checkpoint is None:
-            self.metrics.write("resume", checkpoint=None, note="no checkpoint yet; starting")
+            self.metrics.note(
+                f"--resume: no checkpoint in {self.checkpoints} yet; starting at step 0"
+            )
             return
         saved = load_checkpoint(
             choice.checkpoint,
@@ -215,12 +261,14 @@ class Trainer:
             return self.store.batch(vertices, global_step)  # CPU sample: see RankStore.batch
 
     def train_step(self, batch: RankBatch) -> float:
-        """Forward, backward, DP average and one optimizer step; returns the mean loss.
+        """Forward, backward, DP average, the ranks' agreement and one optimizer step;
+        returns the mean loss.
 
-        Reads the device once (loss and non-finite flag together). With
-        ``on_nonfinite: stop`` the rank that finds a non-finite value raises
-        :class:`NonFiniteError`; in a multi-process run the watchdog then stops the
-        other ranks with that message, so no collective is needed for it.
+        The agreement is one all-reduce (maximum) over every rank of two flags: a
+        non-finite loss or gradient anywhere (every rank then skips the step, or stops
+        with :class:`NonFiniteError`, by ``train.on_nonfinite``) and a signal's request
+        (:mod:`~dgl_scalegnn.train.preemption`, acted on at the end of the step). The
+        step reads the device once (loss and flags together).
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -228,24 +276,11 @@ class Trainer:
         loss = self.objective.loss(logits, spec, batch, "train")
         loss.backward()
         status = average_gradients(list(self.model.parameters()), loss, self.runtime)
-        skip = self.cfg.train.on_nonfinite == "skip"
-        if skip and dist.is_initialized() and dist.get_world_size() > 1:
-            # Skipping must be unanimous (a rank that stepped alone would leave its
-            # shards out of step with the others), and ranks of other grid positions
-            # do not share this gradient: one 1-element all-reduce, under skip only.
-            flag = status[1:].contiguous()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            status = torch.cat((status[:1], flag))
-        mean_loss, nonfinite = status.tolist()  # the step's one host synchronisation
+        flags = torch.stack((status[1], status.new_full((), float(self.requests.take()))))
+        mean_loss, nonfinite, request = torch.cat((status[:1], _maximum(flags))).tolist()
+        self._request = Request(int(request))
         if nonfinite:
-            where = f"epoch {self.progress.epoch} step {self.progress.step_in_epoch}"
-            where += f" (global step {batch.step})"
-            if not skip:
-                raise NonFiniteError(
-                    f"non-finite loss or gradient at {where}; training stopped, the last "
-                    "checkpoint is intact (set train.on_nonfinite=skip to skip such steps)"
-                )
-            self.metrics.write("nonfinite", step=batch.step, action="skipped")
+            self._on_nonfinite(batch.step)
             return mean_loss
         optim = self.cfg.optim
         lr = learning_rate(
@@ -255,6 +290,32 @@ class Trainer:
             group["lr"] = lr
         self.optimizer.step()
         return mean_loss
+
+    def _on_nonfinite(self, global_step: int) -> None:
+        """Skip the step (counted, said on its first time) or stop, naming the step and
+        the checkpoint to resume from: a checkpoint of this very step would replay it,
+        so it is set aside (:func:`~dgl_scalegnn.train.checkpoint.set_aside_nonfinite`)."""
+        progress = self.progress
+        where = f"epoch {progress.epoch} step {progress.step_in_epoch} (global step {global_step})"
+        if self.cfg.train.on_nonfinite == "skip":
+            progress.skipped_steps += 1
+            self.metrics.write("nonfinite", step=global_step, action="skipped")
+            if progress.skipped_steps == 1:
+                self.metrics.note(
+                    f"non-finite loss or gradient at {where}: step skipped "
+                    "(train.on_nonfinite: skip); the summary counts every skipped step"
+                )
+            return
+        resume = [""]
+        if self.checkpoints is not None:
+            if self.grid.rank == 0:
+                resume = [" " + set_aside_nonfinite(self.checkpoints, global_step)]
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.broadcast_object_list(resume, src=0)  # every rank agreed: all are here
+        raise NonFiniteError(
+            f"non-finite loss or gradient at {where}; training stopped.{resume[0]} Lower "
+            "optim.lr, or set train.on_nonfinite=skip to skip such steps"
+        )
 
     # ---------------------------------------------------------------- evaluation
     @torch.no_grad()
@@ -266,25 +327,34 @@ class Trainer:
         counts = self.objective.counts(logits, spec, graph)
         del logits
         release_free_heap()  # the evaluation's row chunks, else the next one grows the heap
-        return {f"{split}_acc": c / max(total, 1.0) for split, (c, total) in counts.items()}
+        return {
+            f"{split}_acc": c / total if total else None for split, (c, total) in counts.items()
+        }
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
-        """Train until the target accuracy or the last epoch; returns the summary."""
+        """Train until the target accuracy, the last epoch, ``max_steps`` or a stop signal;
+        returns the summary."""
         cfg, progress = self.cfg, self.progress
         bar = self._progress_bar()
         reached = False
+        preempted: Preempted | None = None
         if cfg.sampling.prefetch:
             self._prefetcher = Prefetcher(self.sample, self.runtime.profiler, self.device)
         reuse_freed_heap()  # a step's large blocks stay for the next step
         self.heap_bound = HeapGrowthBound()  # ... until fragmentation has grown the heap
         try:
-            while progress.epoch < cfg.train.epochs and not reached:
-                reached = self._run_epoch(bar)
-                if self._max_steps_done():
-                    break
-            if self._steps_schedule() and progress.evaluated_step != progress.global_step:
-                self._evaluate_and_record()  # the last step is always evaluated
+            with self.requests.installed():
+                while progress.epoch < cfg.train.epochs and not reached:
+                    reached = self._run_epoch(bar)
+                    if self._max_steps_done():
+                        break
+                if progress.evaluated_step != progress.global_step:
+                    self._evaluate_and_record()  # the last step is always evaluated
+                if cfg.output.checkpoint_every:
+                    self.save()
+        except Preempted as stop:
+            preempted = stop
         finally:
             return_freed_heap()
             if bar is not None:
@@ -292,17 +362,28 @@ class Trainer:
             if self._prefetcher is not None:
                 self._prefetcher.close()
                 self._prefetcher = None
-        if cfg.output.checkpoint_every:
-            self.save()
         summary = {
-            "best_val_acc": progress.best_val,
-            "test_at_best_val": progress.test_at_best_val,
+            # None where nothing was evaluated, or nothing could be selected on
+            "best_val_acc": progress.best_val if progress.best_val >= 0 else None,
+            "test_at_best_val": progress.test_at_best_val if progress.evaluated_step >= 0 else None,
             "time_to_target_s": progress.time_to_target,
             "epochs": progress.epoch,
             "steps": progress.global_step,
             "train_s": progress.train_seconds,
+            "skipped_steps": progress.skipped_steps,
             "max_rss_mb": self._peak_memory_per_rank(),
         }
+        if progress.skipped_steps:
+            self.metrics.note(
+                f"skipped {progress.skipped_steps} of {progress.global_step} steps for a "
+                "non-finite loss or gradient (train.on_nonfinite: skip)"
+            )
+        if preempted is not None:
+            self.metrics.note(str(preempted))
+            summary["preempted"] = {
+                "step": progress.global_step,
+                "checkpoint": preempted.checkpoint,
+            }
         self.metrics.write("summary", **summary)
         return summary
 
@@ -327,53 +408,95 @@ class Trainer:
         return limit is not None and self.progress.global_step >= limit
 
     def _run_epoch(self, bar: Any) -> bool:
-        """Train the rest of the current epoch; returns whether the target was reached."""
-        cfg, progress = self.cfg, self.progress
+        """Train the rest of the current epoch (or up to ``max_steps``); returns whether
+        the target was reached."""
+        progress = self.progress
+        while not self._max_steps_done():
+            self._train_one_step(bar)
+            epoch_ended = progress.step_in_epoch >= self.steps_per_epoch
+            if epoch_ended:
+                progress.epoch += 1
+                progress.step_in_epoch = 0
+            reached = self._step_boundary(epoch_ended)
+            if reached or epoch_ended:
+                return reached
+        return False
+
+    def _train_one_step(self, bar: Any) -> None:
+        """Sample (or take the prefetched batch), train, record the step's metrics."""
+        progress = self.progress
         profiler = self.runtime.profiler
-        every_steps = cfg.train.eval_every_steps
-        at_steps = set(cfg.train.eval_at_steps)
-        while progress.step_in_epoch < self.steps_per_epoch and not self._max_steps_done():
-            profiler.reset()
-            start = time.perf_counter()
-            batch = self._batch(progress.global_step)
-            sample_seconds = time.perf_counter() - start
-            loss = self.train_step(batch)
-            self.heap_bound.after_step()
-            step_seconds = time.perf_counter() - start
-            progress.train_seconds += step_seconds
-            breakdown = profiler.snapshot(reset=True)
-            self.metrics.write(
-                "step",
-                epoch=progress.epoch,
-                step=progress.global_step,
-                loss=loss,
-                step_s=step_seconds,
-                sample_s=sample_seconds,
-                seconds=breakdown["seconds"],
-                bytes=breakdown["bytes"],
-            )
-            progress.global_step += 1
-            progress.step_in_epoch += 1
-            every = cfg.output.checkpoint_every
-            if every and progress.global_step % every == 0:
-                self.save()
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(epoch=progress.epoch, loss=f"{loss:.4f}")
-            due = progress.global_step in at_steps or (
+        profiler.reset()
+        start = time.perf_counter()
+        batch = self._batch(progress.global_step)
+        sample_seconds = time.perf_counter() - start
+        loss = self.train_step(batch)
+        self.heap_bound.after_step()
+        step_seconds = time.perf_counter() - start
+        progress.train_seconds += step_seconds
+        breakdown = profiler.snapshot(reset=True)
+        self.metrics.write(
+            "step",
+            epoch=progress.epoch,
+            step=progress.global_step,
+            loss=loss,
+            step_s=step_seconds,
+            sample_s=sample_seconds,
+            seconds=breakdown["seconds"],
+            bytes=breakdown["bytes"],
+        )
+        progress.global_step += 1
+        progress.step_in_epoch += 1
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(epoch=progress.epoch, loss=f"{loss:.4f}")
+
+    def _step_boundary(self, epoch_ended: bool) -> bool:
+        """Between two steps: evaluate if due, checkpoint if due, then act on the signal
+        request the ranks agreed on in the step (so one that came during the evaluation
+        or the checkpoint is honoured right after it). Returns whether the target was
+        reached."""
+        cfg, progress = self.cfg, self.progress
+        if self._steps_schedule():
+            every_steps = cfg.train.eval_every_steps
+            due = progress.global_step in cfg.train.eval_at_steps or bool(
                 every_steps and progress.global_step % every_steps == 0
             )
-            if due and self._evaluate_and_record():
-                return True
-        if progress.step_in_epoch < self.steps_per_epoch:
-            return False  # stopped by max_steps mid-epoch
-        progress.epoch += 1
-        progress.step_in_epoch = 0
-        if self._steps_schedule():
-            return False
-        if progress.epoch % cfg.train.eval_every == 0 or progress.epoch == cfg.train.epochs:
-            return self._evaluate_and_record()
-        return False
+        else:
+            due = epoch_ended and (
+                progress.epoch % cfg.train.eval_every == 0 or progress.epoch == cfg.train.epochs
+            )
+        reached = due and self._evaluate_and_record()
+        every = cfg.output.checkpoint_every
+        checkpoint_due = bool(every and progress.global_step % every == 0)
+        if checkpoint_due:
+            self.save()
+        if due or checkpoint_due:  # a signal may have come meanwhile: agree again
+            late = _maximum(torch.tensor([float(self.requests.take())], device=self.device))
+            self._request = max(self._request, Request(int(late.item())))
+        self._act_on_request()
+        return reached
+
+    def _act_on_request(self) -> None:
+        """Checkpoint for ``SIGUSR1``; checkpoint and stop (:class:`Preempted`) for
+        ``SIGTERM`` / ``SIGUSR2``. Every rank holds the same agreed request."""
+        request, self._request = self._request, Request.NONE
+        if request == Request.NONE:
+            return
+        step = self.progress.global_step
+        written = self.save()
+        if written is None:
+            where = "nothing was saved (output.dir is not set)"
+        else:
+            where = f"checkpoint of global step {step} in {written}"
+        if request == Request.CHECKPOINT:
+            self.metrics.note(f"SIGUSR1: {where}; training goes on")
+            return
+        raise Preempted(
+            f"stopped by SIGTERM/SIGUSR2 after global step {step}: {where}; continue with "
+            f"--resume (exit code {PREEMPTED_EXIT_CODE})",
+            None if written is None else str(written),
+        )
 
     def _evaluate_and_record(self) -> bool:
         cfg, progress = self.cfg, self.progress
@@ -382,7 +505,9 @@ class Trainer:
         accuracy = self.evaluate()
         reuse_freed_heap()
         eval_seconds = time.perf_counter() - start
-        if accuracy["val_acc"] > progress.best_val:
+        if not self.has_split["val"]:
+            progress.test_at_best_val = accuracy["test_acc"]  # no selection: the latest
+        elif accuracy["val_acc"] > progress.best_val:
             progress.best_val, progress.test_at_best_val = accuracy["val_acc"], accuracy["test_acc"]
         target = cfg.train.target_acc
         reached = target is not None and accuracy[cfg.train.target_metric] >= target

@@ -10,20 +10,18 @@ import os
 import signal
 from pathlib import Path
 
-import torch
-
 from dgl_scalegnn.cli import main as cli_main
+from dgl_scalegnn.train import checkpoint
 
 
 def main(argv: list[str], crash_step: int) -> int:
-    real_save = torch.save
+    real_write = checkpoint._atomic_write_bytes
 
-    def save_then_die(obj, target, *args, **kwargs):
-        real_save(obj, target, *args, **kwargs)
-        if f"step_{crash_step:08d}" in str(target):
-            path = Path(target)
-            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # half written
+    def write_half_then_die(path: Path, data: bytes) -> None:
+        if f"step_{crash_step:08d}" in str(path) and path.suffix == ".pt":
+            path.write_bytes(bytes(data[: len(data) // 2]))  # half written
             os.kill(os.getpid(), signal.SIGKILL)
+        real_write(path, data)
 
-    torch.save = save_then_die
+    checkpoint._atomic_write_bytes = write_half_then_die
     return cli_main(argv)
