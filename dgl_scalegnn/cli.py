@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from dgl_scalegnn.config import Config, ConfigError, load_config
+from dgl_scalegnn.config import Config, ConfigError, InputError, load_config
 
 if TYPE_CHECKING:
     from dgl_scalegnn.data.prepared import GraphMeta
@@ -26,17 +26,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = ["main"]
-
-#: Errors that mean "the input is wrong": reported as one line, exit code 2.
-_USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError,)
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from dgl_scalegnn.core.grid_shape import GridError
-    from dgl_scalegnn.data.graph import DatasetError
-    from dgl_scalegnn.train.checkpoint import CheckpointError
-
-    return (*_USER_ERRORS, DatasetError, GridError, CheckpointError)
 
 
 def _launch_rank() -> int:
@@ -131,7 +120,7 @@ def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
         result = work(StoreCoordinator(job.store, info.rank, info.world_size))
     except BaseException as error:
         # ends this process if another rank's failure caused this one
-        watchdog.report_failure(error, bad_input=isinstance(error, _user_errors()))
+        watchdog.report_failure(error, bad_input=isinstance(error, InputError))
         raise
     dist.barrier()  # the store's host (rank 0) outlives every reader
     watchdog.close()
@@ -198,9 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.handler(args)
-    except _user_errors() as error:
-        # Every rank sees the same bad input: one rank says it, in one line.
-        if _launch_rank() == 0:
+    except InputError as error:
+        from dgl_scalegnn.distributed.watchdog import stopped_the_job
+
+        # One rank says it, in one line: rank 0 (every rank sees the same bad input), or
+        # in a running job the rank whose failure stopped it (the others stay quiet).
+        if _launch_rank() == 0 or stopped_the_job(error):
             print(f"scalegnn: error: {_first_line(error)}", file=sys.stderr, flush=True)
         return 2
 

@@ -52,7 +52,13 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
+class InputError(Exception):
+    """Bad input (a config, a grid, a dataset, a checkpoint) rather than a failure of
+    the program: ``scalegnn`` says it in one line, on the one rank that found it, and
+    exits with code 2."""
+
+
+class ConfigError(InputError, ValueError):
     """A configuration value that cannot be used; the message names the key."""
 
 

@@ -287,8 +287,9 @@ def test_each_rank_takes_its_node_local_gpu(monkeypatch):
 
 def test_process_group_is_bound_to_the_device(monkeypatch):
     started = {}
-    monkeypatch.setattr(dist, "TCPStore", lambda *args, **kwargs: "store")
+    monkeypatch.setattr(dist, "TCPStore", lambda *args, **kwargs: dist.HashStore())
     monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: started.update(kwargs))
+    monkeypatch.setenv("SCALEGNN_JOB_SECRET", "s" * 32)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     info = LaunchInfo(rank=1, world_size=2, local_rank=1, launcher="torchrun")

@@ -10,13 +10,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from dgl_scalegnn.config import grid_sizes
+from dgl_scalegnn.config import InputError, grid_sizes
 from dgl_scalegnn.core.layout import Axis
 
 __all__ = ["GridShape", "Coords", "GridError"]
 
 
-class GridError(ValueError):
+class GridError(InputError, ValueError):
     """A grid that cannot be used with this world size or spec."""
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.config import InputError
 
 __all__ = ["NodeDataset", "REQUIRED_NDATA", "DatasetError"]
 
@@ -14,7 +15,7 @@ __all__ = ["NodeDataset", "REQUIRED_NDATA", "DatasetError"]
 REQUIRED_NDATA = ("feat", "label", "train_mask", "val_mask", "test_mask")
 
 
-class DatasetError(ValueError):
+class DatasetError(InputError, ValueError):
     """A dataset that is missing, incomplete or malformed; the message names the file."""
 
 

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.config import InputError, ModelConfig
 from dgl_scalegnn.core.grid_shape import Coords, GridError, GridShape
 from dgl_scalegnn.core.schedule import ParamShard
 from dgl_scalegnn.distributed.grid import Grid4D
@@ -80,7 +80,7 @@ _META_KEYS = ("grid", "progress", "config", "shards", "files")
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(InputError, RuntimeError):
     """A checkpoint that is missing, damaged, incomplete or does not fit this run."""
 
 

@@ -12,8 +12,13 @@ import torch.distributed as dist
 
 import dgl_scalegnn
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import Config, ConfigError, ParallelConfig, check_kernel_backend
-from dgl_scalegnn.core.grid_shape import GridError, GridShape
+from dgl_scalegnn.config import (
+    Config,
+    InputError,
+    ParallelConfig,
+    check_kernel_backend,
+)
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.cache import shared_prepared_directory
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.graph import DatasetError
@@ -29,7 +34,6 @@ from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.distributed.watchdog import Watchdog, is_communication_error
 from dgl_scalegnn.profiling import Profiler
-from dgl_scalegnn.train.checkpoint import CheckpointError
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 
@@ -37,7 +41,6 @@ __all__ = [
     "Session",
     "start_session",
     "end_session",
-    "input_errors",
     "load_graph",
     "run_training",
     "versions",
@@ -107,12 +110,6 @@ def start_session(parallel: ParallelConfig) -> Session:
     return Session(info, runtime, device, backend, watchdog)
 
 
-def input_errors() -> tuple[type[Exception], ...]:
-    """Errors that mean "the input is wrong" (configuration, grid, dataset, checkpoint):
-    said in one line by one rank, exit code 2."""
-    return ConfigError, GridError, DatasetError, CheckpointError
-
-
 def end_session(session: Session, error: BaseException | None = None) -> None:
     """Shut down (the watchdog's thread too, which must not outlive the interpreter);
     after an ``error`` make every other rank stop too. A rank that only broke because
@@ -122,7 +119,7 @@ def end_session(session: Session, error: BaseException | None = None) -> None:
     if watchdog is not None and error is not None:
         if is_communication_error(error):
             watchdog.await_verdict()  # ends the process if another rank left first
-        watchdog.report_failure(error, bad_input=isinstance(error, input_errors()))
+        watchdog.report_failure(error, bad_input=isinstance(error, InputError))
     elif watchdog is not None:
         dist.barrier()  # nobody marks itself done while another still trains
         watchdog.close()
