@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import sys
+import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 
 import yaml
@@ -79,6 +86,77 @@ def train_through_cli(
         world_size, "dgl_scalegnn.cli:main", [[*argv, *extra]], tmp_path / name, env=rank_env
     )
     return read_metrics(metrics)
+
+
+@contextlib.contextmanager
+def launched(argv: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """A launcher started as a user starts it (one thread a rank unless ``env`` says
+    otherwise), in a session of its own: if the block leaves early, everything it started
+    is killed."""
+    process = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:  # ranks may have left the session: kill them by name
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(process.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        child.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        if not process.stdout.closed:  # not read by the block: reap it
+            process.communicate()
+
+
+# srun: note the arguments, then start SLURM_NTASKS copies of the command after the
+# options; exit with the largest exit code of the tasks, as srun does.
+_STAND_IN_SRUN = textwrap.dedent(
+    """\
+    #!/usr/bin/env bash
+    printf '%s\\n' "$@" > "$SRUN_ARGS_FILE"
+    while [[ "$1" == --* ]]; do shift; done
+    pids=()
+    for ((rank = 0; rank < SLURM_NTASKS; rank++)); do
+      SLURM_PROCID=$rank SLURM_LOCALID=$rank "$@" & pids+=($!)
+    done
+    status=0
+    for pid in "${pids[@]}"; do
+      wait "$pid" && code=0 || code=$?
+      (( code > status )) && status=$code
+    done
+    exit $status
+    """
+)
+_STAND_IN_SCONTROL = '#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1\n'
+
+
+def stand_in_slurm(tmp_path: Path, tasks: int, port: int) -> dict[str, str]:
+    """The environment of an sbatch job on one node of this machine, whose ``srun`` and
+    ``scontrol`` are stand-ins that start the tasks here as Slurm would (``SLURM_PROCID``,
+    ``SLURM_LOCALID``); ``srun``'s arguments are noted in ``tmp_path/srun_args``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", _STAND_IN_SRUN), ("scontrol", _STAND_IN_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_NTASKS_PER_NODE": str(tasks),
+        "SLURM_JOB_NODELIST": "node[001]",
+        "SLURM_CPUS_PER_TASK": "1",
+        "SCALEGNN_ROOT": str(ROOT),
+        "MASTER_PORT": str(port),
+        "SRUN_ARGS_FILE": str(tmp_path / "srun_args"),
+    }
 
 
 def step_losses(events: list[dict]) -> list[float]:

@@ -246,18 +246,6 @@ def test_cli_refuses_non_finite_values_in_one_line(capsys, override, said):
     assert capsys.readouterr().err == f"scalegnn: error: {said}\n"
 
 
-def test_cli_says_a_file_that_is_not_a_dgl_graph_in_one_line(capsys, tmp_path):
-    from dgl_scalegnn.cli import main
-
-    path = tmp_path / "graph.bin"
-    path.write_bytes(b"not a graph written by dgl.save_graphs\n" * 4)
-    assert main(_cli(*TINY, "data.name=dgl", f"data.path={path}")) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.endswith("\n"), err
-    assert err.startswith(f"scalegnn: error: dataset 'dgl': cannot read {str(path)!r}")
-    assert "[bt]" not in err and "Stack trace" not in err
-
-
 TRACED = (
     "\n  \ncheckpoint 'step_3/rank0.pt' is damaged: its SHA-256 differs from meta.json\n"
     "Stack trace:\n  [bt] (0) /lib/libdgl.so(dmlc::LogMessageFatal+0x67) [0x7f]\n"

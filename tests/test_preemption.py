@@ -8,7 +8,6 @@ losses of an uninterrupted run, bit for bit (same grid, one thread a rank).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -27,9 +26,8 @@ from dgl_scalegnn.train.metrics import read_metrics
 from dgl_scalegnn.train.preemption import PREEMPTED_EXIT_CODE
 from dgl_scalegnn.train.run import run_training
 from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import ROOT, step_losses, train_through_cli
+from tests.helpers import ROOT, launched, stand_in_slurm, step_losses, train_through_cli
 from tests.ranks import reserve_port, start_ranks
-from tests.test_slurm_launch import FAKE_SCONTROL, FAKE_SRUN
 
 GRID = "1x1x1x2"
 ENDLESS = {
@@ -82,27 +80,6 @@ def _wait_for_note(metrics: Path, text: str, timeout: float = 60.0) -> dict:
     raise AssertionError(f"no note with {text!r} in {metrics} within {timeout} s")
 
 
-@contextlib.contextmanager
-def _job(argv: list[str], env: dict[str, str] | None = None):
-    """A launcher as a user starts it, in its own session; killed with everything it
-    started if the test leaves early."""
-    process = subprocess.Popen(
-        argv,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-
-
 def _finish(process: subprocess.Popen, timeout: float = 120.0) -> tuple[int, str]:
     output, _ = process.communicate(timeout=timeout)
     return process.returncode, output
@@ -143,7 +120,7 @@ def test_one_process_checkpoints_on_sigusr1_and_stops_on_sigterm(tmp_path):
     metrics = tmp_path / "job.jsonl"
     argv = [sys.executable, "-m", "dgl_scalegnn.cli", "train", "--config"]
     argv += [str(_write(tmp_path, config)), "--metrics", str(metrics)]
-    with _job(argv) as process:
+    with launched(argv) as process:
         _wait_for_steps(metrics, 8, lambda: process.poll() is None)
         process.send_signal(signal.SIGUSR1)
         note = _wait_for_note(metrics, "SIGUSR1")
@@ -170,7 +147,7 @@ def test_mpirun_script_turns_its_sigterm_into_a_checkpoint_and_a_stop(tmp_path):
     config = _config(tmp_path)
     metrics = tmp_path / "job.jsonl"
     argv = ["bash", str(ROOT / "launch" / "mpirun.sh"), "2", GRID, str(_write(tmp_path, config))]
-    with _job([*argv, "--metrics", str(metrics)]) as process:
+    with launched([*argv, "--metrics", str(metrics)]) as process:
         _wait_for_steps(metrics, 8, lambda: process.poll() is None)
         process.send_signal(signal.SIGTERM)
         code, output = _finish(process)
@@ -186,7 +163,7 @@ def test_torchrun_forwards_sigterm_and_every_worker_stops_after_its_checkpoint(t
     metrics = tmp_path / "job.jsonl"
     argv = ["bash", str(ROOT / "launch" / "torchrun.sh"), "2", GRID]
     argv += [str(_write(tmp_path, config)), "--metrics", str(metrics)]
-    with _job(argv) as torchrun:  # the script execs torchrun
+    with launched(argv) as torchrun:  # the script execs torchrun
         _wait_for_steps(metrics, 8, lambda: torchrun.poll() is None)
         workers = _tasks(torchrun, ["-u", "-m", "dgl_scalegnn.cli", "train"])
         assert len(workers) == 2
@@ -205,26 +182,12 @@ def test_torchrun_forwards_sigterm_and_every_worker_stops_after_its_checkpoint(t
 
 def test_srun_tasks_signalled_as_slurm_does_stop_after_their_checkpoint(tmp_path):
     """launch/srun.sh with a stand-in srun; Slurm signals every task of the step."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
     config = _config(tmp_path)
     metrics = tmp_path / "job.jsonl"
     with reserve_port() as port:
-        env = {
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-            "SLURM_NTASKS": "2",
-            "SLURM_NTASKS_PER_NODE": "2",
-            "SLURM_JOB_NODELIST": "node[001]",
-            "SLURM_CPUS_PER_TASK": "1",
-            "SCALEGNN_ROOT": str(ROOT),
-            "MASTER_PORT": str(port.getsockname()[1]),
-            "SRUN_ARGS_FILE": str(tmp_path / "srun_args"),
-        }
+        env = stand_in_slurm(tmp_path, 2, port.getsockname()[1])
         argv = ["bash", str(ROOT / "launch" / "srun.sh"), GRID, str(_write(tmp_path, config))]
-        with _job([*argv, "--metrics", str(metrics)], env) as process:
+        with launched([*argv, "--metrics", str(metrics)], env) as process:
             _wait_for_steps(metrics, 8, lambda: process.poll() is None)
             tasks = _tasks(process, [str(ROOT / ".venv" / "bin" / "scalegnn"), "train"])
             assert len(tasks) == 2

@@ -21,7 +21,7 @@ from dgl_scalegnn.cli import main as cli_main
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
 from dgl_scalegnn.train.checkpoint import latest_checkpoint
 from dgl_scalegnn.train.metrics import read_metrics
-from tests.helpers import ROOT, step_losses, train_through_cli
+from tests.helpers import ROOT, launched, step_losses, train_through_cli
 from tests.ranks import spawn_ranks, start_ranks
 
 LONG_RUN = {
@@ -114,17 +114,7 @@ def test_stopped_rank_under_a_real_launcher_is_found_by_the_watchdog(tmp_path, s
     is far beyond the time allowed, so it cannot be what stopped the job."""
     config = _with_output(tmp_path, {**LONG_RUN, "parallel": {"watchdog_s": 5, "timeout_s": 300}})
     command = [str(ROOT / "launch" / script), "4", "1x1x2x2", str(_write_config(tmp_path, config))]
-    launcher = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    ranks: dict[int, psutil.Process] = {}
-    try:
+    with launched(command) as launcher:
         _wait_for_checkpoint(tmp_path / "run" / "checkpoints")
         ranks = _rank_processes(launcher, variable)
         assert sorted(ranks) == [0, 1, 2, 3], ranks
@@ -137,14 +127,6 @@ def test_stopped_rank_under_a_real_launcher_is_found_by_the_watchdog(tmp_path, s
         with contextlib.suppress(psutil.NoSuchProcess):  # the launcher may have done it
             ranks[2].kill()  # only SIGKILL reaches a stopped process; the launcher then ends
         output, _ = launcher.communicate(timeout=90)
-    finally:
-        if launcher.poll() is None:  # the test failed midway: leave nothing running
-            for process in ranks.values():
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate(timeout=90)
     assert "stopping the job" in output and "rank 2 stopped responding" in output, output[-3000:]
     _resume_from(tmp_path, config, "1x1x2x2")
 

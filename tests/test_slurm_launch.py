@@ -4,17 +4,14 @@ the tasks on this machine as Slurm would (``SLURM_PROCID``, ``SLURM_LOCALID``)."
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import textwrap
 
 import pytest
 
 import yaml
 from dgl_scalegnn.distributed.bootstrap import LaunchInfo, detect_launch
 from dgl_scalegnn.train.metrics import read_metrics
-from tests.helpers import ROOT
+from tests.helpers import ROOT, launched, stand_in_slurm
 from tests.ranks import reserve_port
 
 _LAUNCH_VARIABLES = (
@@ -28,27 +25,6 @@ _LAUNCH_VARIABLES = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
-
-# srun: note the arguments, then start SLURM_NTASKS copies of the command after the
-# options; exit with the largest exit code of the tasks, as srun does.
-FAKE_SRUN = textwrap.dedent(
-    """\
-    #!/usr/bin/env bash
-    printf '%s\\n' "$@" > "$SRUN_ARGS_FILE"
-    while [[ "$1" == --* ]]; do shift; done
-    pids=()
-    for ((rank = 0; rank < SLURM_NTASKS; rank++)); do
-      SLURM_PROCID=$rank SLURM_LOCALID=$rank "$@" & pids+=($!)
-    done
-    status=0
-    for pid in "${pids[@]}"; do
-      wait "$pid" && code=0 || code=$?
-      (( code > status )) && status=$code
-    done
-    exit $status
-    """
-)
-FAKE_SCONTROL = '#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1\n'
 
 
 @pytest.fixture
@@ -80,11 +56,6 @@ def test_srun_script_without_arguments_prints_its_usage():
 
 
 def test_srun_script_trains_the_grid_through_the_slurm_branch(tmp_path, clean_launch_env):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
     config = tmp_path / "config.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -98,32 +69,10 @@ def test_srun_script_trains_the_grid_through_the_slurm_branch(tmp_path, clean_la
     )
     metrics = tmp_path / "metrics.jsonl"
     with reserve_port() as port:  # held until the job is over
-        env = {
-            **{k: v for k, v in os.environ.items() if k not in _LAUNCH_VARIABLES},
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-            "SLURM_NTASKS": "2",
-            "SLURM_NTASKS_PER_NODE": "2",
-            "SLURM_JOB_NODELIST": "node[001]",
-            "SLURM_CPUS_PER_TASK": "1",
-            "SCALEGNN_ROOT": str(ROOT),
-            "MASTER_PORT": str(port.getsockname()[1]),
-            "SRUN_ARGS_FILE": str(tmp_path / "srun_args"),
-        }
-        script = ROOT / "launch" / "srun.sh"
-        process = subprocess.Popen(
-            ["bash", str(script), "1x1x1x2", str(config), "--metrics", str(metrics)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        try:
+        env = stand_in_slurm(tmp_path, 2, port.getsockname()[1])
+        argv = ["bash", str(ROOT / "launch" / "srun.sh"), "1x1x1x2", str(config)]
+        with launched([*argv, "--metrics", str(metrics)], env) as process:
             output, _ = process.communicate(timeout=240)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
     assert process.returncode == 0, output[-3000:]
     srun_args = (tmp_path / "srun_args").read_text().split("\n")
     assert "--gpus-per-task=1" in srun_args and "--ntasks-per-node=2" in srun_args

@@ -9,13 +9,10 @@ every rank prints one line, from the failing rank."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
 import secrets
-import signal
-import subprocess
 import threading
 
 import psutil
@@ -33,7 +30,7 @@ from dgl_scalegnn.distributed.bootstrap import (
 )
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog, stopped_the_job
 from dgl_scalegnn.train.metrics import read_metrics
-from tests.helpers import ROOT
+from tests.helpers import ROOT, launched
 from tests.ranks import reserve_port, spawn_ranks, start_ranks
 
 CONFIG = {
@@ -129,23 +126,11 @@ def test_outside_client_cannot_steer_an_mpirun_job(tmp_path, undisturbed_losses)
         port = reserved.getsockname()[1]
         command = [str(ROOT / "launch" / "mpirun.sh"), "2", "1x1x1x2"]
         command += [_config_file(tmp_path, CONFIG), "--metrics", str(metrics)]
-        environment = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(port)}
-        with OutsideClient(port) as client:
-            launcher = subprocess.Popen(
-                command,
-                env=environment,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            try:
-                output, _ = launcher.communicate(timeout=120)
-            finally:
-                if launcher.poll() is None:  # the test failed midway: leave nothing running
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(launcher.pid, signal.SIGKILL)
-                    launcher.communicate()
+        with (
+            OutsideClient(port) as client,
+            launched(command, {"MASTER_PORT": str(port)}) as launcher,
+        ):
+            output, _ = launcher.communicate(timeout=120)
     assert launcher.returncode == 0, output[-3000:]
     assert INJECTED not in output
     assert read_metrics(metrics)[0]["launcher"] == "mpi"
