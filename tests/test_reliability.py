@@ -105,6 +105,23 @@ def _rank_processes(launcher: subprocess.Popen, variable: str) -> dict[int, psut
     return found
 
 
+def _wait_until_ended(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has exited; returns those still running after
+    ``timeout`` s. An exited rank counts as ended before its launcher reaps it (torchrun
+    reaps its workers only after it has given up on the hung one, 30 s later)."""
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while (alive := [p for p in processes if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive
+
+
 @pytest.mark.parametrize(
     ("script", "variable"), [("mpirun.sh", "OMPI_COMM_WORLD_RANK"), ("torchrun.sh", "RANK")]
 )
@@ -121,7 +138,7 @@ def test_stopped_rank_under_a_real_launcher_is_found_by_the_watchdog(tmp_path, s
         survivors = [ranks[r] for r in (0, 1, 3)]
         ranks[2].send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
-        _, alive = psutil.wait_procs(survivors, timeout=60)
+        alive = _wait_until_ended(survivors, timeout=60)
         assert not alive, f"ranks still running 60 s after rank 2 hung: {alive}"
         assert time.monotonic() - stopped_at < 60
         with contextlib.suppress(psutil.NoSuchProcess):  # the launcher may have done it
