@@ -101,21 +101,41 @@ def _tasks(launcher: subprocess.Popen, command: list[str]) -> list[psutil.Proces
     ]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """``losses(grid, steps)``: the step losses of one uninterrupted run of ENDLESS on
+    ``grid``, at least ``steps`` long (one run per grid, longer only when needed)."""
+    runs: dict[str, list[float]] = {}
+
+    def losses(grid: str, steps: int) -> list[float]:
+        if len(runs.get(grid, [])) < steps:
+            config = {**ENDLESS, "train": {**ENDLESS["train"], "max_steps": max(steps, 64)}}
+            path = tmp_path_factory.mktemp("uninterrupted")
+            runs[grid] = step_losses(train_through_cli(path, "run", grid, config))
+        return runs[grid][:steps]
+
+    return losses
+
+
 def _check_resume_matches_uninterrupted(
-    tmp_path: Path, config: dict, stopped_losses: list[float], stopped_at: int, grid: str = GRID
+    tmp_path: Path,
+    config: dict,
+    uninterrupted,
+    stopped_losses: list[float],
+    stopped_at: int,
+    grid: str = GRID,
 ) -> None:
     """The signalled run trained steps 0..stopped_at-1; resumed, it trains the next
     AFTER steps. Both must match one uninterrupted run exactly."""
     assert len(stopped_losses) == stopped_at, "a step ran after the checkpoint it stopped at"
     until = {**config, "train": {**config["train"], "max_steps": stopped_at + AFTER}}
     resumed = step_losses(train_through_cli(tmp_path, "resumed", grid, until, "--resume"))
-    reference_config = {**until, "output": {"dir": str(tmp_path / "reference")}}
-    reference = step_losses(train_through_cli(tmp_path, "reference", grid, reference_config))
+    reference = uninterrupted(grid, stopped_at + AFTER)
     assert stopped_losses == reference[:stopped_at]
     assert resumed == reference[stopped_at:]
 
 
-def test_one_process_checkpoints_on_sigusr1_and_stops_on_sigterm(tmp_path):
+def test_one_process_checkpoints_on_sigusr1_and_stops_on_sigterm(tmp_path, uninterrupted):
     config = _config(tmp_path)
     metrics = tmp_path / "job.jsonl"
     argv = [sys.executable, "-m", "dgl_scalegnn.cli", "train", "--config"]
@@ -137,11 +157,16 @@ def test_one_process_checkpoints_on_sigusr1_and_stops_on_sigterm(tmp_path):
     summary = read_metrics(metrics, "summary")[0]
     assert summary["preempted"]["step"] == stopped_at
     _check_resume_matches_uninterrupted(
-        tmp_path, config, step_losses(read_metrics(metrics)), stopped_at, grid="1x1x1x1"
+        tmp_path,
+        config,
+        uninterrupted,
+        step_losses(read_metrics(metrics)),
+        stopped_at,
+        grid="1x1x1x1",
     )
 
 
-def test_mpirun_script_turns_its_sigterm_into_a_checkpoint_and_a_stop(tmp_path):
+def test_mpirun_script_turns_its_sigterm_into_a_checkpoint_and_a_stop(tmp_path, uninterrupted):
     """SIGTERM to launch/mpirun.sh, as scancel or a time limit delivers it: mpirun alone
     would kill its ranks 0.2 s later, so the script hands them SIGUSR2."""
     config = _config(tmp_path)
@@ -154,11 +179,13 @@ def test_mpirun_script_turns_its_sigterm_into_a_checkpoint_and_a_stop(tmp_path):
     assert code == PREEMPTED_EXIT_CODE, output
     stopped_at = _stopped_step(tmp_path)
     _check_resume_matches_uninterrupted(
-        tmp_path, config, step_losses(read_metrics(metrics)), stopped_at
+        tmp_path, config, uninterrupted, step_losses(read_metrics(metrics)), stopped_at
     )
 
 
-def test_torchrun_forwards_sigterm_and_every_worker_stops_after_its_checkpoint(tmp_path):
+def test_torchrun_forwards_sigterm_and_every_worker_stops_after_its_checkpoint(
+    tmp_path, uninterrupted
+):
     config = _config(tmp_path)
     metrics = tmp_path / "job.jsonl"
     argv = ["bash", str(ROOT / "launch" / "torchrun.sh"), "2", GRID]
@@ -176,11 +203,11 @@ def test_torchrun_forwards_sigterm_and_every_worker_stops_after_its_checkpoint(t
     stopped_at = _stopped_step(tmp_path)
     assert f"stopped by SIGTERM/SIGUSR2 after global step {stopped_at}" in output
     _check_resume_matches_uninterrupted(
-        tmp_path, config, step_losses(read_metrics(metrics)), stopped_at
+        tmp_path, config, uninterrupted, step_losses(read_metrics(metrics)), stopped_at
     )
 
 
-def test_srun_tasks_signalled_as_slurm_does_stop_after_their_checkpoint(tmp_path):
+def test_srun_tasks_signalled_as_slurm_does_stop_after_their_checkpoint(tmp_path, uninterrupted):
     """launch/srun.sh with a stand-in srun; Slurm signals every task of the step."""
     config = _config(tmp_path)
     metrics = tmp_path / "job.jsonl"
@@ -197,12 +224,14 @@ def test_srun_tasks_signalled_as_slurm_does_stop_after_their_checkpoint(tmp_path
     assert code == PREEMPTED_EXIT_CODE, output  # srun: the largest exit code of its tasks
     stopped_at = _stopped_step(tmp_path)
     _check_resume_matches_uninterrupted(
-        tmp_path, config, step_losses(read_metrics(metrics)), stopped_at
+        tmp_path, config, uninterrupted, step_losses(read_metrics(metrics)), stopped_at
     )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_signal_to_one_rank_loses_no_step_or_at_most_one_interval(tmp_path, signum):
+def test_a_signal_to_one_rank_loses_no_step_or_at_most_one_interval(
+    tmp_path, uninterrupted, signum
+):
     """SIGTERM to one rank stops every rank at the same checkpoint, losing nothing;
     SIGKILL loses at most the steps since the last periodic checkpoint."""
     every = 4
@@ -225,7 +254,7 @@ def test_a_signal_to_one_rank_loses_no_step_or_at_most_one_interval(tmp_path, si
     assert [code for code, _ in results] == [PREEMPTED_EXIT_CODE] * 2, results
     assert stopped_at == logged
     _check_resume_matches_uninterrupted(
-        tmp_path, config, step_losses(read_metrics(metrics)), stopped_at
+        tmp_path, config, uninterrupted, step_losses(read_metrics(metrics)), stopped_at
     )
 
 
