@@ -29,7 +29,7 @@ from torch import nn
 
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
-from dgl_scalegnn.core.layout import INPUT_LAYOUT
+from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis
 from dgl_scalegnn.core.schedule import layer_layouts, layer_widths, parameter_shards
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.model.layers import GCNLayer, Head, InputFeatures, InputProjection
@@ -37,10 +37,11 @@ from dgl_scalegnn.parallel.elementwise import LayerTail
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.full_graph import (
-    CSRRows,
     FullGraph,
     RowChunk,
-    default_chunk_rows,
+    chunk_count,
+    chunk_rows_for,
+    csr_row_chunks,
     row_chunks,
 )
 
@@ -48,6 +49,10 @@ __all__ = ["ParallelScaleGNN", "EVAL_STEP"]
 
 #: Step key of full-graph evaluation (no dropout, so it only has to be some integer).
 EVAL_STEP = -1
+#: A chunk's temporaries per output row, in rows of the widest matrix: the SpMM's and the
+#: linear's outputs, the tail's output, the residual's rows and their redistribution
+#: (sent and received), an all-reduce's wire copy, the head's input.
+_CHUNK_TEMPORARIES = 8
 
 
 class ParallelScaleGNN(nn.Module):
@@ -161,7 +166,7 @@ class ParallelScaleGNN(nn.Module):
         self, graph: FullGraph, chunk_rows: int | None = None
     ) -> tuple[torch.Tensor, ShardSpec]:
         """Logits of every vertex, layer by layer in chunks of ``chunk_rows`` output rows
-        per rank (by default :func:`~dgl_scalegnn.sampling.full_graph.default_chunk_rows`).
+        per rank (by default sized for the device: :meth:`full_graph_chunk_rows`).
 
         The layers of :meth:`forward` in evaluation mode, applied to one chunk of a
         layer's output rows at a time and multiplying by the resident CSR blocks
@@ -171,11 +176,15 @@ class ParallelScaleGNN(nn.Module):
         whole matrix, the first layer reads the features themselves (no copy) and applies
         the input projection after its aggregation, :math:`(\\tilde A X) W_{in}`: the
         projected features are never whole, and the SpMM reads :math:`d_{in}` columns.
+
+        No chunk waits for the device: a chunk's rows and their split are known on the
+        host, and each layer reads the entry ranges of all its chunks' CSR rows at once
+        (one wait per layer).
         """
         if self.training:
             raise RuntimeError("forward_full_graph evaluates: call model.eval() first")
         if chunk_rows is None:
-            chunk_rows = default_chunk_rows(self.runtime.grid.shape.tp_size)
+            chunk_rows = self.full_graph_chunk_rows(graph)
 
         def project(chunk: RowChunk) -> torch.Tensor:
             chunk_spec = ShardSpec(INPUT_LAYOUT, chunk.rows, self.in_features)
@@ -203,6 +212,32 @@ class ParallelScaleGNN(nn.Module):
             projection = None
         return hidden, spec
 
+    def full_graph_chunk_rows(self, graph: FullGraph) -> int:
+        """Output rows per chunk and rank for evaluating ``graph`` on its device
+        (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for`).
+
+        A chunk's temporaries take about :data:`_CHUNK_TEMPORARIES` rows of the widest
+        matrix (input features, hidden or classes) per output row, plus a copy of its CSR
+        rows' entries; the whole-graph buffers set aside are a layer's input and output.
+        """
+        grid = self.runtime.grid
+        element = graph.features.element_size()
+        widest = max(self.in_features, self.cfg.hidden, self.num_classes)
+        entry_bytes = max(
+            (
+                block.nnz
+                / max(1, block.row_stop - block.row_start)
+                * (block.indices.element_size() + block.values.element_size())
+                for block in graph.blocks.values()
+            ),
+            default=0.0,
+        )
+        row_bytes = _CHUNK_TEMPORARIES * widest * element + entry_bytes
+        ranges = (graph.rows.range(axis, grid.coords.along(axis)) for axis in Axis)
+        local_rows = max(stop - start for start, stop in ranges)
+        reserved = 2 * local_rows * widest * element
+        return chunk_rows_for(graph.features.device, grid.shape.tp_size, row_bytes, reserved)
+
     def _full_graph_layer(
         self,
         graph: FullGraph,
@@ -216,11 +251,14 @@ class ParallelScaleGNN(nn.Module):
         """``layer`` (then ``head``, if given) on the whole graph, one chunk of output
         rows at a time; with ``projection`` the layer input is the projection of
         ``layer_input`` (see :meth:`GCNLayer.forward`)."""
-        coords = self.runtime.grid.coords
+        grid = self.runtime.grid
+        coords = grid.coords
         layout = spec.layout
-        block = graph.blocks[layer.plane]
         input_start = graph.rows.range(layout.rows, coords.along(layout.rows))[0]
         residual_of_input = layer.widths.residual and self.cfg.residual_from == "input"
+        out_spec = spec.with_layout(layout.after_gcn_layer(), layer.widths.width_out)
+        count = chunk_count(spec.rows.num_nodes, grid.shape.size(out_spec.layout.rows), chunk_rows)
+        adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count)
 
         def compute(chunk: RowChunk) -> torch.Tensor:
             # The SpMM reads every input row; the spec only carries the layout and names
@@ -229,13 +267,12 @@ class ParallelScaleGNN(nn.Module):
             chunk_input = chunk.rows_of(layer_input, layout.rows, coords, input_start)
             if projection is not None and residual_of_input:
                 chunk_input = projection.project_whole(chunk_input)
-            adjacency = CSRRows(block, chunk.start, chunk.stop)
+            adjacency = adjacency_chunks[chunk.index]
             out, out_spec = layer(
                 layer_input, input_spec, adjacency, EVAL_STEP, chunk_input, projection
             )
             return out if head is None else head(out, out_spec)[0]
 
-        out_spec = spec.with_layout(layout.after_gcn_layer(), layer.widths.width_out)
         if head is not None:  # rows stay, classes along the head's output columns
             out_spec = out_spec.with_layout(out_spec.layout.after_linear(), head.num_classes)
         return self._by_row_chunks(out_spec, chunk_rows, layer_input.dtype, compute), out_spec

@@ -10,6 +10,7 @@ Columns (feature, hidden and class dimensions) are split by count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,32 @@ class RowPartition:
             vertex_ids = vertex_ids.to(device, non_blocking=True)
         return cls(vertex_ids=vertex_ids, num_nodes=num_nodes, bounds=tuple(bounds))
 
+    @classmethod
+    def of_ranges(
+        cls,
+        ranges: Sequence[tuple[int, int]],
+        num_nodes: int,
+        shape: GridShape,
+        device: torch.device | str = "cpu",
+    ) -> RowPartition:
+        """The vertices of the sorted, disjoint ``[start, stop)`` ``ranges``: the ids made
+        on ``device``, their split found from the ranges on the host (nothing is read back
+        from the device).
+
+        >>> rows = RowPartition.of_ranges([(1, 3), (6, 7), (9, 10)], 10, GridShape(1, 2, 3, 1))
+        >>> rows.vertex_ids.tolist(), rows.range(Axis.X, 1), rows.range(Axis.Y, 0)
+        ([1, 2, 6, 9], (2, 4), (0, 2))
+        """
+        pieces = [torch.arange(start, stop, device=device) for start, stop in ranges]
+        vertex_ids = (
+            torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64, device=device)
+        )
+        bounds = tuple(
+            (axis, tuple(_ids_below(ranges, v) for v in split_bounds(num_nodes, shape.size(axis))))
+            for axis in Axis
+        )
+        return cls(vertex_ids=vertex_ids, num_nodes=num_nodes, bounds=bounds)
+
     @property
     def num_rows(self) -> int:
         return int(self.vertex_ids.numel())
@@ -85,6 +112,11 @@ class RowPartition:
     def ids(self, axis: Axis, index: int) -> torch.Tensor:
         start, stop = self.range(axis, index)
         return self.vertex_ids[start:stop]
+
+
+def _ids_below(ranges: Sequence[tuple[int, int]], vertex: int) -> int:
+    """How many vertices of ``ranges`` lie below ``vertex`` (its offset in the sorted ids)."""
+    return sum(max(0, min(stop, vertex) - start) for start, stop in ranges)
 
 
 @dataclass(frozen=True)

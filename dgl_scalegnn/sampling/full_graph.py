@@ -23,8 +23,9 @@ apply to a chunk unchanged.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -39,18 +40,27 @@ __all__ = [
     "RowChunk",
     "CSRRows",
     "row_chunks",
+    "chunk_count",
+    "csr_row_chunks",
     "DEFAULT_CHUNK_ROWS",
+    "MIN_CHUNK_ROWS",
+    "FREE_MEMORY_SHARE",
     "default_chunk_rows",
+    "chunk_rows_for",
 ]
 
 #: Output rows per chunk on one process: 64Ki rows of width 128 are 32 MB of float32.
 DEFAULT_CHUNK_ROWS = 65536
+#: The fewest output rows per chunk and rank, however little memory is free.
+MIN_CHUNK_ROWS = 1024
+#: Share of an accelerator's free memory that one chunk's temporaries may take.
+FREE_MEMORY_SHARE = 0.5
 
 
 def default_chunk_rows(tp_size: int) -> int:
-    """Output rows per chunk and rank on ``tp_size`` tensor-parallel ranks:
-    :data:`DEFAULT_CHUNK_ROWS` shared out among half as many ranks (at least 1024, at
-    most :data:`DEFAULT_CHUNK_ROWS`).
+    """Output rows per chunk and rank on ``tp_size`` tensor-parallel ranks of CPUs:
+    :data:`DEFAULT_CHUNK_ROWS` shared out among half as many ranks (at least
+    :data:`MIN_CHUNK_ROWS`, at most :data:`DEFAULT_CHUNK_ROWS`).
 
     A rank's share of the graph shrinks with ``tp_size`` but its fixed cost (the
     interpreter, torch and DGL: about 384 MB) does not, so the chunk's temporaries shrink
@@ -62,7 +72,30 @@ def default_chunk_rows(tp_size: int) -> int:
     >>> default_chunk_rows(1), default_chunk_rows(8), default_chunk_rows(512)
     (65536, 16384, 1024)
     """
-    return min(DEFAULT_CHUNK_ROWS, max(1024, 2 * DEFAULT_CHUNK_ROWS // tp_size))
+    return min(DEFAULT_CHUNK_ROWS, max(MIN_CHUNK_ROWS, 2 * DEFAULT_CHUNK_ROWS // tp_size))
+
+
+def chunk_rows_for(
+    device: torch.device | str, tp_size: int, row_bytes: float, reserved_bytes: float = 0.0
+) -> int:
+    """Output rows per chunk and rank for an evaluation on ``device``.
+
+    On CUDA, as many rows of ``row_bytes`` (a chunk's temporaries per output row) as fit
+    in :data:`FREE_MEMORY_SHARE` of the device's free memory
+    (``torch.cuda.mem_get_info``) once ``reserved_bytes`` (the whole-graph buffers the
+    evaluation allocates besides) are set aside; at least :data:`MIN_CHUNK_ROWS`. A GPU
+    holds little besides the rank's share, and each chunk costs every layer three or
+    four collectives: few large chunks. Elsewhere :func:`default_chunk_rows`.
+
+    >>> chunk_rows_for("cpu", tp_size=8, row_bytes=4096.0)
+    16384
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return default_chunk_rows(tp_size)
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    budget = FREE_MEMORY_SHARE * free_bytes - reserved_bytes
+    return max(MIN_CHUNK_ROWS, int(budget // row_bytes))
 
 
 @dataclass(frozen=True)
@@ -83,29 +116,68 @@ class FullGraph:
 
 @dataclass(frozen=True)
 class RowChunk:
-    """Chunk of a full-graph matrix whose rows are split along ``axis``.
+    """Chunk ``index`` of a full-graph matrix whose rows are split along ``axis``.
 
-    ``rows``: the chunk's vertices over all parts of ``axis``; ``start``/``stop``: this
-    rank's rows of it as offsets into its local rows of the full matrix.
+    ``rows``: the chunk's vertices over all parts of ``axis``, which are the sorted,
+    disjoint vertex ``ranges`` (known on the host); ``start``/``stop``: this rank's rows
+    of it as offsets into its local rows of the full matrix.
     """
 
     rows: RowPartition
     start: int
     stop: int
+    index: int
+    ranges: tuple[tuple[int, int], ...]
 
     def rows_of(
         self, matrix: torch.Tensor, axis: Axis, coords: Coords, range_start: int
     ) -> torch.Tensor:
         """The chunk's rows of this rank's shard ``matrix`` of a full-graph matrix split along
         ``axis`` (its rows start at vertex ``range_start``): a view when they are contiguous
-        (always on one process), else a gather."""
-        ids = self.rows.ids(axis, coords.along(axis))
-        if ids.numel() == 0:
-            return matrix[:0]
-        first, last = (int(v) - range_start for v in ids[[0, -1]].tolist())
-        if last - first + 1 == ids.numel():
-            return matrix[first : last + 1]
-        return matrix.index_select(0, ids - range_start)
+        (always on one process), else a gather. Decided from :attr:`ranges`, so nothing is
+        read back from the device."""
+        first, last = self.rows.range(axis, coords.along(axis))
+        pieces = _vertices_at(self.ranges, first, last)
+        if len(pieces) <= 1:
+            start = pieces[0][0] - range_start if pieces else 0
+            return matrix[start : start + last - first]
+        return matrix.index_select(0, self.rows.vertex_ids[first:last] - range_start)
+
+
+def _vertices_at(ranges: Sequence[tuple[int, int]], first: int, last: int) -> list[tuple[int, int]]:
+    """The vertex ranges at positions ``[first, last)`` of the sorted ids of ``ranges``."""
+    pieces, position = [], 0
+    for start, stop in ranges:
+        lo, hi = max(first, position), min(last, position + stop - start)
+        if lo < hi:
+            pieces.append((start + lo - position, start + hi - position))
+        position += stop - start
+    return pieces
+
+
+def _merged(ranges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """``ranges`` (sorted) without the empty ones, touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for start, stop in ranges:
+        if start == stop:
+            continue
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((start, stop))
+    return tuple(out)
+
+
+def chunk_count(num_nodes: int, parts: int, chunk_rows: int) -> int:
+    """Chunks of ``chunk_rows`` rows per part of a full-graph matrix whose rows are split
+    into ``parts`` (the largest part's count, at least one: every rank runs as many).
+
+    >>> chunk_count(10, 3, 2)
+    2
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows: got {chunk_rows}, expected a positive row count")
+    return max(1, math.ceil(math.ceil(num_nodes / parts) / chunk_rows))
 
 
 def row_chunks(
@@ -116,7 +188,9 @@ def row_chunks(
     chunk_rows: int,
     device: torch.device | str = "cpu",
 ) -> Iterator[RowChunk]:
-    """The chunks of a full-graph matrix split along ``axis``, the same count on every rank.
+    """The chunks of a full-graph matrix split along ``axis``, the same count on every rank
+    (:func:`chunk_count`). Chunk ``k`` holds rows ``[k c, (k + 1) c)`` of every part; its
+    ids are made on ``device`` and its split is found on the host (no wait for a device).
 
     Examples
     --------
@@ -126,33 +200,39 @@ def row_chunks(
     >>> [(c.start, c.stop, c.rows.vertex_ids.tolist()) for c in chunks]
     [(0, 2, [0, 1, 4, 5]), (2, 3, [2, 3, 6])]
     """
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows: got {chunk_rows}, expected a positive row count")
     bounds = split_bounds(num_nodes, shape.size(axis))
-    starts, stops = bounds[:-1], bounds[1:]
-    mine = coords.along(axis)
-    local_rows = stops[mine] - starts[mine]
-    largest = max(stop - start for start, stop in zip(starts, stops))
-    for k in range(max(1, math.ceil(largest / chunk_rows))):
-        offset = k * chunk_rows
-        pieces = [
-            torch.arange(
-                min(stop, start + offset), min(stop, start + offset + chunk_rows), device=device
-            )
-            for start, stop in zip(starts, stops)
-        ]
+    parts = list(pairwise(bounds))
+    mine = parts[coords.along(axis)]
+    local_rows = mine[1] - mine[0]
+    for index in range(chunk_count(num_nodes, len(parts), chunk_rows)):
+        offset = index * chunk_rows
+        ranges = _merged(
+            [
+                (min(stop, start + offset), min(stop, start + offset + chunk_rows))
+                for start, stop in parts
+            ]
+        )
         yield RowChunk(
-            rows=RowPartition.of(torch.cat(pieces), num_nodes, shape),
+            rows=RowPartition.of_ranges(ranges, num_nodes, shape, device),
             start=min(offset, local_rows),
             stop=min(offset + chunk_rows, local_rows),
+            index=index,
+            ranges=ranges,
         )
 
 
 class CSRRows:
-    """Rows ``[start, stop)`` of a CSR block as a local SpMM (forward only), without copies.
+    """Rows ``[start, stop)`` of a CSR block as a local SpMM (forward only).
 
-    The CSR view shares the block's ``indices`` and ``values``; only the chunk's
-    ``indptr`` is rebased (and cast to the index dtype, which torch requires to match).
+    Each product gets a CSR of its own: the rows' pointers rebased to start at 0 (and
+    cast to the index dtype, which torch requires to match), and copies of their
+    entries' column indices and values in fresh allocations. Views into the block at the
+    rows' entry offset would hand cuSPARSE arrays at arbitrary offsets, aligned to 4
+    bytes only; the copies are the rows' size (8 bytes an entry) and live for one product.
+
+    ``entries``: the rows' entry range ``[indptr[start], indptr[stop])`` when the caller
+    has read it (:func:`csr_row_chunks` reads every chunk's at once); otherwise it is
+    read here, one wait for the block's device.
 
     Examples
     --------
@@ -165,22 +245,41 @@ class CSRRows:
     [[2.0]]
     """
 
-    def __init__(self, block: CSRBlock, start: int, stop: int) -> None:
+    def __init__(
+        self, block: CSRBlock, start: int, stop: int, entries: tuple[int, int] | None = None
+    ) -> None:
         self.block, self.start, self.stop = block, start, stop
         self.num_rows = stop - start
         self.num_cols = block.col_stop - block.col_start
+        if entries is None:
+            lo, hi = block.indptr[[start, stop]].tolist()
+            entries = (lo, hi)
+        self.entries = entries
 
     def matmul(self, features: torch.Tensor) -> torch.Tensor:
         """``(num_cols, D) -> (num_rows, D)``."""
         block = self.block
-        crow = block.indptr[self.start : self.stop + 1]
-        lo, hi = (int(v) for v in crow[[0, -1]].tolist()) if self.num_rows else (0, 0)
+        lo, hi = self.entries
         if lo == hi or self.num_cols == 0:
             return features.new_zeros(self.num_rows, features.shape[1])
+        crow = block.indptr[self.start : self.stop + 1] - lo
         matrix = csr_tensor(
-            (crow - lo).to(block.indices.dtype),
-            block.indices[lo:hi],
-            block.values[lo:hi].to(features.dtype),
+            crow.to(block.indices.dtype),
+            block.indices[lo:hi].clone(),
+            block.values[lo:hi].to(features.dtype, copy=True),
             (self.num_rows, self.num_cols),
         )
         return matrix @ features
+
+
+def csr_row_chunks(block: CSRBlock, chunk_rows: int, count: int) -> list[CSRRows]:
+    """:class:`CSRRows` of ``block``'s rows ``[k c, (k + 1) c)`` for ``k < count`` (the
+    chunks of :func:`row_chunks` on this rank), their entry ranges read from the device
+    together: one wait for the whole list, none per chunk."""
+    local_rows = block.row_stop - block.row_start
+    rows = [min(k * chunk_rows, local_rows) for k in range(count + 1)]
+    boundaries = torch.arange(count + 1, device=block.indptr.device) * chunk_rows
+    entries = block.indptr[boundaries.clamp_(max=local_rows)].tolist()
+    return [
+        CSRRows(block, rows[k], rows[k + 1], (entries[k], entries[k + 1])) for k in range(count)
+    ]

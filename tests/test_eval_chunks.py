@@ -1,0 +1,135 @@
+"""Full-graph evaluation in many small, unaligned chunks, as a GPU needs it.
+
+- Every CSR the evaluation hands the SpMM is one of its own: row pointers from 0 and
+  column indices and values in fresh allocations (views into the block at a chunk's
+  entry offset reach cuSPARSE at 4-byte alignment); the logits equal one chunk's.
+- No chunk reads the device: the evaluation waits for it once per layer, however many
+  chunks (counted on CPU tensors, where every read-back a GPU would wait for is seen).
+- On CUDA the chunk rows come from the device's free memory (``mem_get_info`` stubbed);
+  elsewhere the CPU rule stays.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgl_scalegnn.config import config_from_mapping
+from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.parallel.spmm import csr_tensor
+from dgl_scalegnn.sampling import full_graph
+from dgl_scalegnn.sampling.full_graph import (
+    FREE_MEMORY_SHARE,
+    MIN_CHUNK_ROWS,
+    chunk_rows_for,
+    default_chunk_rows,
+)
+from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.trainer import Trainer
+from tests.gpu.host_syncs import HostSyncCounter
+from tests.helpers import random_dataset, relative_error
+
+NUM_NODES = 2000
+#: Unaligned: chunk boundaries fall at arbitrary entry offsets, and the last chunk is short.
+CHUNK_ROWS = 97
+LAYERS = 3
+
+
+@pytest.fixture(scope="module")
+def trainer() -> Trainer:
+    cfg = config_from_mapping(
+        {
+            "model": {"hidden": 12, "layers": LAYERS, "bias": True},
+            "sampling": {"batch_size": 500},
+            "train": {"progress": False},
+        }
+    )
+    graph = prepare_in_memory(random_dataset(num_nodes=NUM_NODES, num_edges=12_000), 0)
+    trainer = Trainer(cfg, graph, Runtime.single_process(), MetricsWriter(None, enabled=False))
+    trainer.train_step(trainer.sample(0))
+    trainer.model.eval()
+    return trainer
+
+
+def _logits(trainer: Trainer, chunk_rows: int) -> torch.Tensor:
+    return trainer.model.forward_full_graph(trainer.store.full_graph(), chunk_rows)[0]
+
+
+def test_every_chunk_gets_a_rebased_csr_of_its_own(trainer, monkeypatch):
+    block = next(iter(trainer.store.blocks.values()))
+    block_storage = {block.indices.untyped_storage().data_ptr()}
+    block_storage.add(block.values.untyped_storage().data_ptr())
+    handed = []
+
+    def recording_csr_tensor(crow, cols, values, shape):
+        handed.append((crow.clone(), cols, values, shape))
+        return csr_tensor(crow, cols, values, shape)
+
+    monkeypatch.setattr(full_graph, "csr_tensor", recording_csr_tensor)
+    chunked = _logits(trainer, CHUNK_ROWS)
+    monkeypatch.undo()
+    # each layer's product per chunk, and the first layer's A 1 for the folded bias
+    assert len(handed) == (LAYERS + 1) * -(-NUM_NODES // CHUNK_ROWS)
+    for crow, cols, values, (rows, _) in handed:
+        assert crow[0] == 0 and crow[-1] == cols.numel() == values.numel()
+        assert crow.numel() == rows + 1
+        for array in (cols, values):
+            assert array.storage_offset() == 0
+            assert array.untyped_storage().data_ptr() not in block_storage
+    assert relative_error(chunked, _logits(trainer, NUM_NODES)) < 1e-5
+
+
+def _syncs(trainer: Trainer, chunk_rows: int) -> int:
+    graph = trainer.store.full_graph()
+    with HostSyncCounter() as syncs:
+        trainer.model.forward_full_graph(graph, chunk_rows)
+    return syncs.total
+
+
+def test_chunks_never_wait_for_the_device(trainer):
+    one_chunk, chunks = _syncs(trainer, NUM_NODES), _syncs(trainer, CHUNK_ROWS)
+    assert chunks == one_chunk <= LAYERS, (chunks, one_chunk)
+
+
+def _stub_free_memory(monkeypatch, free_bytes: int) -> list:
+    asked = []
+
+    def mem_get_info(device=None):
+        asked.append(torch.device(device))
+        return free_bytes, 2 * free_bytes
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    return asked
+
+
+def test_chunk_rows_on_cuda_come_from_the_free_memory(monkeypatch):
+    asked = _stub_free_memory(monkeypatch, 40 * 2**30)
+    rows = chunk_rows_for("cuda:1", tp_size=64, row_bytes=8192.0, reserved_bytes=2**30)
+    assert asked == [torch.device("cuda", 1)]
+    assert rows == int((FREE_MEMORY_SHARE * 40 * 2**30 - 2**30) // 8192)
+    assert rows > 100 * default_chunk_rows(64)  # the CPU rule's 2048 rows a rank
+    _stub_free_memory(monkeypatch, 2**20)
+    assert chunk_rows_for("cuda:0", 64, 8192.0, 2**30) == MIN_CHUNK_ROWS
+
+
+def test_chunk_rows_elsewhere_keep_the_cpu_rule(monkeypatch):
+    asked = _stub_free_memory(monkeypatch, 40 * 2**30)
+    assert chunk_rows_for("cpu", tp_size=8, row_bytes=8192.0) == default_chunk_rows(8)
+    assert asked == []
+
+
+def test_the_model_sizes_its_chunks_from_its_widths_and_the_free_memory(trainer, monkeypatch):
+    """The model's rule on a graph whose tensors claim to be on CUDA: 8 rows of the widest
+    matrix and the CSR entries' copy per row; a layer's input and output set aside."""
+    graph = trainer.store.full_graph()
+    _stub_free_memory(monkeypatch, 2**30)
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
+    rows = trainer.model.full_graph_chunk_rows(graph)
+    monkeypatch.undo()
+    meta = trainer.store.meta
+    widest = max(meta.num_features, 12, meta.num_classes)
+    block = next(iter(graph.blocks.values()))
+    row_bytes = 8 * widest * 4 + block.nnz / NUM_NODES * 8
+    reserved = 2 * NUM_NODES * widest * 4
+    assert rows == int((FREE_MEMORY_SHARE * 2**30 - reserved) // row_bytes)
