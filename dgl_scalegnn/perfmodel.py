@@ -11,6 +11,11 @@ part of ``n`` vertices holds ``B n / N`` rows in expectation.
 (ring all-reduce: :math:`2 (g-1)/g \\cdot b / \\beta + 2 (g-1) \\alpha`), and
 :func:`memory_bytes` predicts what a rank holds.
 
+A full-graph evaluation runs in row chunks, each with its own collectives:
+:func:`eval_stages` lists them per chunk and stage, :func:`eval_bytes` sums them, and
+:func:`eval_time` adds their latency (what many small chunks pay) to the forward's
+kernels; :func:`eval_chunk_rows` gives the chunk rows a GPU's free memory allows.
+
 Example
 -------
 >>> from dgl_scalegnn.distributed.grid import GridShape
@@ -22,12 +27,13 @@ Example
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 from dgl_scalegnn.config import ModelConfig
-from dgl_scalegnn.core.cost import DATA_PARALLEL, TP_GRID
+from dgl_scalegnn.core.cost import DATA_PARALLEL, TP_GRID, CollectiveCost, LocalSizes
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, block_range
 from dgl_scalegnn.core.schedule import (
@@ -38,9 +44,14 @@ from dgl_scalegnn.core.schedule import (
     parameter_shards,
     steps_per_epoch,
 )
+from dgl_scalegnn.model.layers import InputFeatures
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.data_parallel import average_gradients_cost
+from dgl_scalegnn.parallel.norm import sum_of_squares_cost
+from dgl_scalegnn.parallel.products import linear_cost, spmm_cost
+from dgl_scalegnn.parallel.redistribute import redistribute_cost
+from dgl_scalegnn.sampling.full_graph import ChunkMemory, chunk_count
 
 __all__ = [
     "Workload",
@@ -51,6 +62,12 @@ __all__ = [
     "step_time",
     "epoch_time",
     "memory_bytes",
+    "EvalStage",
+    "eval_stages",
+    "eval_bytes",
+    "eval_time",
+    "eval_seconds",
+    "eval_chunk_rows",
 ]
 
 _FLOAT = 4
@@ -184,6 +201,11 @@ def step_collectives(work: Workload, shape: GridShape, rank: int) -> list[Collec
     costs = ParallelScaleGNN.cost(cfg, work.in_features, work.num_classes, me)
     costs += Objective.loss_cost(logits_layout(work.layers, work.head), me, multilabel=False)
     costs += average_gradients_cost(_parameter_elements(work, shape, me.coords))
+    return _collectives(costs, work, shape)
+
+
+def _collectives(costs: list[CollectiveCost], work: Workload, shape: GridShape) -> list[Collective]:
+    """The costs as collectives with payload bytes (size-1 groups run none)."""
     calls = []
     for cost in costs:
         size = _group_size(shape, cost.group)
@@ -225,29 +247,45 @@ def step_time(
     me = _Rank(work, shape, shape.coords(rank))
     seconds: dict[str, float] = defaultdict(float)
     for call in step_collectives(work, shape, rank):
-        component = {"dp": "dp_allreduce", "tp": "redistribute"}.get(call.kind, "tp_allreduce")
-        seconds[component] += _collective_seconds(call, hardware)
+        seconds[_component(call)] += _collective_seconds(call, hardware)
+    for component, value in _compute_seconds(me, hardware, forward_only=False).items():
+        seconds[component] += value
+    return dict(seconds)
+
+
+def _component(call: Collective) -> str:
+    return {"dp": "dp_allreduce", "tp": "redistribute"}.get(call.kind, "tp_allreduce")
+
+
+def _compute_seconds(me: _Rank, hardware: Hardware, forward_only: bool) -> dict[str, float]:
+    """Seconds of the GEMMs, SpMMs and element-wise kernels of ``me``'s rows: forward and
+    backward of a step, or (``forward_only``) an evaluation's forward."""
+    work = me.work
     hidden = work.hidden
     states = layer_layouts(work.layers)
     widths = layer_widths(work.model_config(), work.in_features, work.num_classes)
+    # products per GEMM: forward, then dX (not for the features) and dW
     gemms = [(INPUT_LAYOUT, work.in_features, hidden, 2)] if work.input_projection else []
     gemms += [(s.after_spmm(), w.width_in, w.width_out, 3) for s, w in zip(states, widths)]
     if work.head:
         gemms.append((states[-1], hidden, work.num_classes, 3))
+    seconds: dict[str, float] = defaultdict(float)
     for state, width_in, width_out, products in gemms:
         flops = (
             2 * me.rows(state.rows) * me.cols(width_in, state.cols) * me.cols(width_out, state.rep)
         )
-        seconds["gemm"] += products * flops / hardware.gemm_flops
+        seconds["gemm"] += (1 if forward_only else products) * flops / hardware.gemm_flops
     for state, layer in zip(states, widths):
         plane = state.spmm_plane()
         share = me.rows(plane.rows, 1) * me.rows(plane.cols, 1)  # fraction of Ã_S entries
         entries = work.batch_nnz * share
         moved = entries * (8 + _FLOAT * me.cols(layer.width_in, state.cols))  # index+value, row
-        seconds["spmm"] += 2 * moved / hardware.memory_bw  # forward and backward
+        seconds["spmm"] += (1 if forward_only else 2) * moved / hardware.memory_bw
         if not layer.outputs_classes:
             activations = me.rows(state.rep) * me.cols(hidden, state.rows) * _FLOAT
-            seconds["elementwise"] += 12 * activations / hardware.memory_bw  # norm, relu, ...
+            # norm, relu, dropout, residual: about 4 passes forward, 12 with backward
+            passes = 4 if forward_only else 12
+            seconds["elementwise"] += passes * activations / hardware.memory_bw
     return dict(seconds)
 
 
@@ -255,6 +293,154 @@ def epoch_time(work: Workload, shape: GridShape, hardware: Hardware) -> float:
     """Seconds per epoch: steps per epoch times the slowest rank's step."""
     slowest = max(sum(step_time(work, shape, hardware, r).values()) for r in range(shape.tp_size))
     return work.steps_per_epoch(shape.dp) * slowest
+
+
+@dataclass(frozen=True)
+class EvalStage:
+    """A chunked stage of a full-graph evaluation
+    (:meth:`~dgl_scalegnn.model.scalegnn.ParallelScaleGNN.forward_full_graph`): the row
+    axis its chunks split, how many chunks every rank runs, and the collectives of one
+    chunk (payloads of the average chunk: the stage's rows over its chunks)."""
+
+    name: str
+    axis: Axis
+    chunks: int
+    collectives: tuple[Collective, ...]
+
+
+class _ChunkSizes:
+    """Local sizes of the average chunk of a stage: ``whole``'s rows (every vertex a row)
+    shared out over ``chunks``."""
+
+    def __init__(self, whole: _Rank, chunks: int) -> None:
+        self.whole, self.chunks = whole, chunks
+
+    def rows(self, axis: Axis) -> float:
+        return self.whole.rows(axis) / self.chunks
+
+    def cols(self, width: int, axis: Axis) -> int:
+        return self.whole.cols(width, axis)
+
+    def sent(self, src: Layout, dst: Layout, width: int) -> float:
+        return self.whole.sent(src, dst, width) / self.chunks
+
+
+def _whole_graph(work: Workload, shape: GridShape, rank: int) -> _Rank:
+    """``rank``'s sizes when the batch is every vertex (``p = 1``: ``Ã`` itself)."""
+    return _Rank(dataclasses.replace(work, batch_size=work.num_nodes), shape, shape.coords(rank))
+
+
+def _forward(costs: list[CollectiveCost]) -> list[CollectiveCost]:
+    """The forward collective of an operator's costs (each operator lists it first)."""
+    return costs[:1]
+
+
+def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) -> list[EvalStage]:
+    """The stages of one full-graph evaluation of ``rank`` in chunks of ``chunk_rows``
+    output rows per rank, with the forward collectives of one chunk each (from the
+    operators' cost functions). One TP rank runs none: its stages carry no collective.
+
+    >>> from dgl_scalegnn.distributed.grid import GridShape
+    >>> work = Workload(num_nodes=10_000, nnz=210_000, batch_size=2_000, in_features=64,
+    ...                 hidden=128, num_classes=8, layers=2)
+    >>> [(s.name, s.chunks, len(s.collectives))
+    ...  for s in eval_stages(work, GridShape.parse("1x2x2x2"), 0, chunk_rows=1000)]
+    [('input', 5, 1), ('layer0', 5, 4), ('layer1', 5, 5)]
+    """
+    whole, cfg = _whole_graph(work, shape, rank), work.model_config()
+
+    def stage(name: str, axis: Axis, costs_of, chunks: int | None = None) -> EvalStage:
+        if chunks is None:
+            chunks = chunk_count(work.num_nodes, shape.size(axis), chunk_rows)
+        costs = costs_of(_ChunkSizes(whole, chunks))
+        return EvalStage(name, axis, chunks, tuple(_collectives(costs, work, shape)))
+
+    def input_costs(sizes: LocalSizes) -> list[CollectiveCost]:
+        if work.input_projection:
+            return _forward(linear_cost(INPUT_LAYOUT, work.in_features, work.hidden, False, sizes))
+        return InputFeatures.cost(work.in_features, sizes)  # forward only already
+
+    def head_costs(layout: Layout, sizes: LocalSizes) -> list[CollectiveCost]:
+        norm = _forward(sum_of_squares_cost(layout, sizes)) if work.final_norm else []
+        return norm + _forward(linear_cost(layout, work.hidden, work.num_classes, True, sizes))
+
+    first = INPUT_LAYOUT.after_linear()
+    stages = [stage("input", first.rows, input_costs)] if shape.tp_size > 1 else []
+    if not work.layers:  # the head on the whole input, in one piece
+        return [*stages, stage("head", first.rows, lambda z: head_costs(first, z), chunks=1)]
+    layouts = layer_layouts(work.layers)
+    for layout, widths in zip(layouts, layer_widths(cfg, work.in_features, work.num_classes)):
+        out = layout.after_gcn_layer()
+
+        def layer_costs(sizes: LocalSizes, layout=layout, widths=widths, out=out):
+            aggregated = layout.after_spmm()
+            costs = spmm_cost(layout, widths.width_in, sizes, needs_grad=False)
+            costs += _forward(
+                linear_cost(aggregated, widths.width_in, widths.width_out, False, sizes)
+            )
+            if not widths.outputs_classes:
+                if work.norm:
+                    costs += _forward(sum_of_squares_cost(out, sizes))
+                if widths.residual:
+                    source = aggregated if work.residual_from == "aggregated" else layout
+                    costs += redistribute_cost(source, out, work.hidden, sizes, needs_grad=False)
+            if widths.index == work.layers - 1 and work.head:
+                costs += head_costs(out, sizes)
+            return costs
+
+        stages.append(stage(f"layer{widths.index}", out.rows, layer_costs))
+    return stages
+
+
+def eval_bytes(work: Workload, shape: GridShape, rank: int, chunk_rows: int) -> dict[str, float]:
+    """Payload bytes per group kind that ``rank`` sends in one full-graph evaluation."""
+    out: dict[str, float] = defaultdict(float)
+    for stage in eval_stages(work, shape, rank, chunk_rows):
+        for call in stage.collectives:
+            out[call.kind] += stage.chunks * call.payload
+    return dict(out)
+
+
+def eval_time(
+    work: Workload, shape: GridShape, hardware: Hardware, chunk_rows: int, rank: int = 0
+) -> dict[str, float]:
+    """Seconds per component of one full-graph evaluation of ``rank``: every chunk's
+    collectives (their latency is what many small chunks pay) and the forward's kernels
+    over the whole graph."""
+    seconds: dict[str, float] = defaultdict(float)
+    for stage in eval_stages(work, shape, rank, chunk_rows):
+        for call in stage.collectives:
+            seconds[_component(call)] += stage.chunks * _collective_seconds(call, hardware)
+    whole = _whole_graph(work, shape, rank)
+    for component, value in _compute_seconds(whole, hardware, forward_only=True).items():
+        seconds[component] += value
+    return dict(seconds)
+
+
+def eval_seconds(work: Workload, shape: GridShape, hardware: Hardware, chunk_rows: int) -> float:
+    """Seconds of one full-graph evaluation: the slowest rank's."""
+    return max(
+        sum(eval_time(work, shape, hardware, chunk_rows, r).values()) for r in range(shape.tp_size)
+    )
+
+
+def eval_chunk_rows(work: Workload, shape: GridShape, free_bytes: float) -> int:
+    """Chunk rows the GPU rule (:meth:`~dgl_scalegnn.sampling.full_graph.ChunkMemory.rows_within`)
+    gives a rank of ``shape`` with ``free_bytes`` free on its device (float32 features,
+    int32 indices)."""
+    me = _Rank(work, shape, shape.coords(0))
+    n = work.num_nodes
+    entries_per_row = max(
+        work.nnz * me.rows(plane.cols, n) / n**2 for plane in adjacency_planes(work.layers)
+    )
+    narrowest_split = min(shape.size(axis) for axis in Axis)
+    widths = (work.in_features, work.hidden, work.num_classes)
+    memory = ChunkMemory.of(
+        widest_cols=max(math.ceil(width / narrowest_split) for width in widths),
+        local_rows=max(math.ceil(n / shape.size(axis)) for axis in Axis),
+        entries_per_row=entries_per_row,
+    )
+    return memory.rows_within(free_bytes)
 
 
 def memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> dict[str, float]:

@@ -7,21 +7,30 @@
   chunks (counted on CPU tensors, where every read-back a GPU would wait for is seen).
 - On CUDA the chunk rows come from the device's free memory (``mem_get_info`` stubbed);
   elsewhere the CPU rule stays.
+- The cost model lists each chunk's collectives: its counts and bytes per group kind
+  equal those of real ranks on an uneven grid.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 import pytest
 import torch
 
-from dgl_scalegnn.config import config_from_mapping
+from dgl_scalegnn.config import SyntheticConfig, config_from_mapping
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.parallel.spmm import csr_tensor
+from dgl_scalegnn.perfmodel import Workload, eval_bytes, eval_stages
 from dgl_scalegnn.sampling import full_graph
 from dgl_scalegnn.sampling.full_graph import (
     FREE_MEMORY_SHARE,
     MIN_CHUNK_ROWS,
+    ChunkMemory,
     chunk_rows_for,
     default_chunk_rows,
 )
@@ -29,6 +38,7 @@ from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 from tests.gpu.host_syncs import HostSyncCounter
 from tests.helpers import random_dataset, relative_error
+from tests.ranks import spawn_ranks
 
 NUM_NODES = 2000
 #: Unaligned: chunk boundaries fall at arbitrary entry offsets, and the last chunk is short.
@@ -92,7 +102,9 @@ def test_chunks_never_wait_for_the_device(trainer):
     assert chunks == one_chunk <= LAYERS, (chunks, one_chunk)
 
 
-def _stub_free_memory(monkeypatch, free_bytes: int) -> list:
+def _stub_free_memory(monkeypatch, free_bytes: int, cached_bytes: int = 0) -> list:
+    """The driver reports ``free_bytes`` free; torch's allocator holds ``cached_bytes``
+    that no tensor uses (reserved beyond allocated)."""
     asked = []
 
     def mem_get_info(device=None):
@@ -100,22 +112,25 @@ def _stub_free_memory(monkeypatch, free_bytes: int) -> list:
         return free_bytes, 2 * free_bytes
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * cached_bytes)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 * cached_bytes)
     return asked
 
 
 def test_chunk_rows_on_cuda_come_from_the_free_memory(monkeypatch):
-    asked = _stub_free_memory(monkeypatch, 40 * 2**30)
-    rows = chunk_rows_for("cuda:1", tp_size=64, row_bytes=8192.0, reserved_bytes=2**30)
+    asked = _stub_free_memory(monkeypatch, 40 * 2**30, cached_bytes=2 * 2**30)
+    memory = ChunkMemory(row_bytes=8192.0, reserved_bytes=2**30)
+    rows = chunk_rows_for("cuda:1", tp_size=64, memory=memory)
     assert asked == [torch.device("cuda", 1)]
-    assert rows == int((FREE_MEMORY_SHARE * 40 * 2**30 - 2**30) // 8192)
+    assert rows == int(FREE_MEMORY_SHARE * (42 * 2**30 - 2**30) // 8192)
     assert rows > 100 * default_chunk_rows(64)  # the CPU rule's 2048 rows a rank
     _stub_free_memory(monkeypatch, 2**20)
-    assert chunk_rows_for("cuda:0", 64, 8192.0, 2**30) == MIN_CHUNK_ROWS
+    assert chunk_rows_for("cuda:0", 64, memory) == MIN_CHUNK_ROWS
 
 
 def test_chunk_rows_elsewhere_keep_the_cpu_rule(monkeypatch):
     asked = _stub_free_memory(monkeypatch, 40 * 2**30)
-    assert chunk_rows_for("cpu", tp_size=8, row_bytes=8192.0) == default_chunk_rows(8)
+    assert chunk_rows_for("cpu", 8, ChunkMemory(8192.0, 0.0)) == default_chunk_rows(8)
     assert asked == []
 
 
@@ -132,4 +147,68 @@ def test_the_model_sizes_its_chunks_from_its_widths_and_the_free_memory(trainer,
     block = next(iter(graph.blocks.values()))
     row_bytes = 8 * widest * 4 + block.nnz / NUM_NODES * 8
     reserved = 2 * NUM_NODES * widest * 4
-    assert rows == int((FREE_MEMORY_SHARE * 2**30 - reserved) // row_bytes)
+    assert rows == int(FREE_MEMORY_SHARE * (2**30 - reserved) // row_bytes)
+
+
+#: Counted on real ranks: N odd and chunks of 37 rows split every axis unevenly.
+COUNT_GRID = "1x2x1x3"
+COUNT_CHUNK_ROWS = 37
+COUNT_SYNTHETIC = {"num_nodes": 1001, "num_features": 10, "num_classes": 4}
+COUNT_VARIANTS = {
+    "paper": {"hidden": 14, "layers": 3},
+    "aggregated-final-norm-bias": {
+        "hidden": 14,
+        "layers": 2,
+        "residual_from": "aggregated",
+        "final_norm": True,
+        "bias": True,
+    },
+    "kipf": {
+        "hidden": 14,
+        "layers": 2,
+        "norm": False,
+        "residual": False,
+        "input_projection": False,
+        "head": False,
+    },
+}
+
+
+def test_cost_model_counts_each_chunks_collectives(tmp_path):
+    """The collectives per group kind and their bytes in one evaluation, as the cost model
+    lists them chunk by chunk; and no read-back per chunk on any rank."""
+    shape = GridShape.parse(COUNT_GRID)
+    base = {
+        "data": {"name": "synthetic", "synthetic": COUNT_SYNTHETIC},
+        "sampling": {"batch_size": 100},
+        "train": {"progress": False},
+        "parallel": {"grid": COUNT_GRID},
+    }
+    spawn_ranks(
+        shape.world_size,
+        "tests.workers.count_eval:main",
+        [base, COUNT_VARIANTS, COUNT_CHUNK_ROWS, str(tmp_path)],
+        tmp_path,
+    )
+    nnz = prepare_in_memory(generate(SyntheticConfig(**COUNT_SYNTHETIC)), 0).meta.nnz
+    for name, model in COUNT_VARIANTS.items():
+        work = Workload(
+            num_nodes=COUNT_SYNTHETIC["num_nodes"],
+            nnz=nnz,
+            batch_size=100,
+            in_features=COUNT_SYNTHETIC["num_features"],
+            num_classes=COUNT_SYNTHETIC["num_classes"],
+            **model,
+        )
+        for rank in range(shape.world_size):
+            counted = json.loads((tmp_path / f"eval{rank}_{name}.json").read_text())
+            stages = eval_stages(work, shape, rank, COUNT_CHUNK_ROWS)
+            predicted_calls: Counter = Counter()
+            for stage in stages:
+                for call in stage.collectives:
+                    predicted_calls[call.kind] += stage.chunks
+            assert counted["calls"] == dict(predicted_calls), (name, rank)
+            predicted_bytes = eval_bytes(work, shape, rank, COUNT_CHUNK_ROWS)
+            assert counted["bytes"] == pytest.approx(predicted_bytes, rel=1e-9), (name, rank)
+            assert counted["syncs"] <= model["layers"], (name, rank, counted["syncs"])
+        assert sum(stage.chunks for stage in stages) > 20  # many chunks were counted

@@ -22,6 +22,7 @@ coordinates: the same run gives the same numbers on any grid (up to reduction or
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -37,6 +38,7 @@ from dgl_scalegnn.parallel.elementwise import LayerTail
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.full_graph import (
+    ChunkMemory,
     FullGraph,
     RowChunk,
     chunk_count,
@@ -49,10 +51,6 @@ __all__ = ["ParallelScaleGNN", "EVAL_STEP"]
 
 #: Step key of full-graph evaluation (no dropout, so it only has to be some integer).
 EVAL_STEP = -1
-#: A chunk's temporaries per output row, in rows of the widest matrix: the SpMM's and the
-#: linear's outputs, the tail's output, the residual's rows and their redistribution
-#: (sent and received), an all-reduce's wire copy, the head's input.
-_CHUNK_TEMPORARIES = 8
 
 
 class ParallelScaleGNN(nn.Module):
@@ -214,29 +212,32 @@ class ParallelScaleGNN(nn.Module):
 
     def full_graph_chunk_rows(self, graph: FullGraph) -> int:
         """Output rows per chunk and rank for evaluating ``graph`` on its device
-        (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for`).
-
-        A chunk's temporaries take about :data:`_CHUNK_TEMPORARIES` rows of the widest
-        matrix (input features, hidden or classes) per output row, plus a copy of its CSR
-        rows' entries; the whole-graph buffers set aside are a layer's input and output.
-        """
+        (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for`, with the
+        :class:`~dgl_scalegnn.sampling.full_graph.ChunkMemory` of this model's widths and
+        the graph's entries per row)."""
         grid = self.runtime.grid
-        element = graph.features.element_size()
-        widest = max(self.in_features, self.cfg.hidden, self.num_classes)
-        entry_bytes = max(
+        entries_per_row, entry_bytes = max(
             (
-                block.nnz
-                / max(1, block.row_stop - block.row_start)
-                * (block.indices.element_size() + block.values.element_size())
+                (
+                    block.nnz / max(1, block.row_stop - block.row_start),
+                    block.indices.element_size() + block.values.element_size(),
+                )
                 for block in graph.blocks.values()
             ),
-            default=0.0,
+            default=(0.0, 0),
         )
-        row_bytes = _CHUNK_TEMPORARIES * widest * element + entry_bytes
+        shape = grid.shape
         ranges = (graph.rows.range(axis, grid.coords.along(axis)) for axis in Axis)
-        local_rows = max(stop - start for start, stop in ranges)
-        reserved = 2 * local_rows * widest * element
-        return chunk_rows_for(graph.features.device, grid.shape.tp_size, row_bytes, reserved)
+        narrowest_split = min(shape.size(axis) for axis in Axis)  # columns split along one
+        widths = (self.in_features, self.cfg.hidden, self.num_classes)
+        memory = ChunkMemory.of(
+            widest_cols=max(math.ceil(width / narrowest_split) for width in widths),
+            local_rows=max(stop - start for start, stop in ranges),
+            entries_per_row=entries_per_row,
+            element_bytes=graph.features.element_size(),
+            entry_bytes=entry_bytes,
+        )
+        return chunk_rows_for(graph.features.device, shape.tp_size, memory)
 
     def _full_graph_layer(
         self,

@@ -45,6 +45,8 @@ __all__ = [
     "DEFAULT_CHUNK_ROWS",
     "MIN_CHUNK_ROWS",
     "FREE_MEMORY_SHARE",
+    "CHUNK_TEMPORARIES",
+    "ChunkMemory",
     "default_chunk_rows",
     "chunk_rows_for",
 ]
@@ -55,6 +57,10 @@ DEFAULT_CHUNK_ROWS = 65536
 MIN_CHUNK_ROWS = 1024
 #: Share of an accelerator's free memory that one chunk's temporaries may take.
 FREE_MEMORY_SHARE = 0.5
+#: A chunk's temporaries per output row, in rows of the widest matrix: the SpMM's and the
+#: linear's outputs, the tail's output, the residual's rows and their redistribution
+#: (sent and received), an all-reduce's wire copy, the head's input.
+CHUNK_TEMPORARIES = 8
 
 
 def default_chunk_rows(tp_size: int) -> int:
@@ -75,27 +81,66 @@ def default_chunk_rows(tp_size: int) -> int:
     return min(DEFAULT_CHUNK_ROWS, max(MIN_CHUNK_ROWS, 2 * DEFAULT_CHUNK_ROWS // tp_size))
 
 
-def chunk_rows_for(
-    device: torch.device | str, tp_size: int, row_bytes: float, reserved_bytes: float = 0.0
-) -> int:
+@dataclass(frozen=True)
+class ChunkMemory:
+    """What an evaluation's chunks take on one rank: ``row_bytes`` per output row of a
+    chunk, and ``reserved_bytes`` of whole-graph buffers beside them."""
+
+    row_bytes: float
+    reserved_bytes: float
+
+    @classmethod
+    def of(
+        cls,
+        widest_cols: int,
+        local_rows: int,
+        entries_per_row: float,
+        element_bytes: int = 4,
+        entry_bytes: int = 8,
+    ) -> ChunkMemory:
+        """A chunk's temporaries: :data:`CHUNK_TEMPORARIES` rows of the widest local shard
+        (``widest_cols`` of the features', hidden or classes' columns on this rank) per
+        output row, plus the copy of its CSR rows' entries (``entry_bytes`` each: index and
+        value); the buffers set aside are a layer's input and output, ``local_rows`` rows
+        of ``widest_cols`` each.
+
+        >>> ChunkMemory.of(widest_cols=128, local_rows=1000, entries_per_row=10.0)
+        ChunkMemory(row_bytes=4176.0, reserved_bytes=1024000)
+        """
+        row_bytes = CHUNK_TEMPORARIES * widest_cols * element_bytes + entries_per_row * entry_bytes
+        return cls(row_bytes, 2 * local_rows * widest_cols * element_bytes)
+
+    def rows_within(self, free_bytes: float) -> int:
+        """Rows per chunk whose temporaries fit :data:`FREE_MEMORY_SHARE` of what
+        ``free_bytes`` leaves once the reserved buffers are set aside (the rest is
+        headroom: the allocator's rounding, the collectives' buffers); at least
+        :data:`MIN_CHUNK_ROWS`.
+
+        >>> ChunkMemory(row_bytes=4096.0, reserved_bytes=2**29).rows_within(2**30)
+        65536
+        """
+        budget = FREE_MEMORY_SHARE * (free_bytes - self.reserved_bytes)
+        return max(MIN_CHUNK_ROWS, int(budget // self.row_bytes))
+
+
+def chunk_rows_for(device: torch.device | str, tp_size: int, memory: ChunkMemory) -> int:
     """Output rows per chunk and rank for an evaluation on ``device``.
 
-    On CUDA, as many rows of ``row_bytes`` (a chunk's temporaries per output row) as fit
-    in :data:`FREE_MEMORY_SHARE` of the device's free memory
-    (``torch.cuda.mem_get_info``) once ``reserved_bytes`` (the whole-graph buffers the
-    evaluation allocates besides) are set aside; at least :data:`MIN_CHUNK_ROWS`. A GPU
-    holds little besides the rank's share, and each chunk costs every layer three or
-    four collectives: few large chunks. Elsewhere :func:`default_chunk_rows`.
+    On CUDA, as many as fit the device's free memory (:meth:`ChunkMemory.rows_within`):
+    the driver's (``torch.cuda.mem_get_info``) and what torch's caching allocator holds
+    unused (the last training step's blocks, say). A GPU holds little besides the rank's
+    share, and each chunk costs every layer three or four collectives: few large chunks.
+    Elsewhere :func:`default_chunk_rows`.
 
-    >>> chunk_rows_for("cpu", tp_size=8, row_bytes=4096.0)
+    >>> chunk_rows_for("cpu", tp_size=8, memory=ChunkMemory(4096.0, 0.0))
     16384
     """
     device = torch.device(device)
     if device.type != "cuda":
         return default_chunk_rows(tp_size)
     free_bytes, _ = torch.cuda.mem_get_info(device)
-    budget = FREE_MEMORY_SHARE * free_bytes - reserved_bytes
-    return max(MIN_CHUNK_ROWS, int(budget // row_bytes))
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return memory.rows_within(free_bytes + cached)
 
 
 @dataclass(frozen=True)
