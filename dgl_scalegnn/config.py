@@ -46,6 +46,7 @@ __all__ = [
     "apply_overrides",
     "DATASET_NAMES",
     "check_kernel_backend",
+    "switch_on",
     "SPMM_KERNELS",
     "CPU_ONLY_KERNELS",
     "registry",
@@ -240,17 +241,40 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """The 4D grid ``GdxGxxGyxGz`` and how its communication runs."""
+    """The 4D grid ``GdxGxxGyxGz``, the device it runs on and how its communication runs.
+
+    ``device`` decides and ``backend`` follows: ``cuda`` trains on NCCL with one GPU per
+    rank, ``cpu`` on gloo, and ``auto`` takes CUDA where it is usable and says at start-up
+    which it took and why (see :func:`~dgl_scalegnn.distributed.bootstrap.resolve_device`).
+    ``backend`` may name the same choice (``nccl`` means CUDA, ``gloo`` the CPU); a
+    contradictory pair is refused. ``fuse`` compiles the layer tail with
+    ``torch.compile`` (``auto``: on CUDA tensors, where it saves kernel launches; eager on
+    the CPU, where it measured slower); ``tf32`` lets CUDA's float32 matrix products run
+    on TensorFloat-32 tensor cores (``auto``: on with CUDA), with 10 mantissa bits in the
+    products instead of 23 (sums stay float32).
+    """
 
     grid: str = "1x1x1x1"
+    device: str = "auto"
     backend: str = "auto"
     timeout_s: float = 300.0
     watchdog_s: float = 15.0
     bf16_comm: bool = False
     overlap: bool = False
-    fuse: bool = False
+    fuse: bool | str = "auto"
+    tf32: bool | str = "auto"
     native_kernels: bool = True
     spmm_kernel: str = "auto"
+
+    def requested_device(self) -> str:
+        """``cuda``, ``cpu`` or ``auto``: ``device``, or the device ``backend`` names.
+
+        >>> ParallelConfig(backend="nccl").requested_device()
+        'cuda'
+        """
+        if self.device != "auto":
+            return self.device
+        return _BACKEND_DEVICE.get(self.backend, "auto")
 
 
 @dataclass(frozen=True)
@@ -294,6 +318,10 @@ class Config:
 CPU_ONLY_KERNELS = ("dgl-scaled", "dgl-weighted")
 #: Every local SpMM kernel (``parallel.spmm_kernel`` also takes ``auto``).
 SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
+#: The device each ``parallel.backend`` runs on.
+_BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
+#: Switches that take ``auto`` (decided by the device) besides true and false.
+_AUTO_SWITCHES = ("parallel.fuse", "parallel.tf32")
 
 _Entry = TypeVar("_Entry")
 
@@ -324,6 +352,7 @@ _CHOICES = {
     "data.name": DATASET_NAMES,
     "train.target_metric": ("train_acc", "val_acc", "test_acc"),
     "train.on_nonfinite": ("stop", "skip"),
+    "parallel.device": ("auto", "cpu", "cuda"),
     "parallel.backend": ("auto", "gloo", "nccl"),
     "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),
     "optim.lr_schedule": ("constant", "cosine"),
@@ -353,14 +382,42 @@ def check_kernel_backend(kernel: str, backend: str) -> None:
     ...     check_kernel_backend("dgl-scaled", "nccl")
     ... except ConfigError as error:
     ...     print(str(error).split(";")[0])
-    parallel.spmm_kernel: got 'dgl-scaled' with parallel.backend nccl
+    parallel.spmm_kernel: got 'dgl-scaled' on CUDA (parallel.device cuda, backend nccl)
     """
     if backend == "nccl" and kernel in CPU_ONLY_KERNELS:
         raise ConfigError(
-            f"parallel.spmm_kernel: got {kernel!r} with parallel.backend nccl; the DGL kernels "
-            "run on CPU tensors only and NCCL trains on CUDA: use spmm_kernel torch-csr (or "
-            "auto) on GPUs, or backend gloo to train on CPU"
+            f"parallel.spmm_kernel: got {kernel!r} on CUDA (parallel.device cuda, backend "
+            "nccl); the DGL kernels run on CPU tensors only: use spmm_kernel torch-csr (or "
+            "auto) on GPUs, or parallel.device cpu to train on the CPU"
         )
+
+
+def switch_on(setting: bool | str, device: str) -> bool:
+    """A switch that takes true, false or ``auto`` (:data:`_AUTO_SWITCHES`), on ``device``
+    (``"cuda"``, ``"cpu"``...): ``auto`` is on with CUDA.
+
+    >>> switch_on("auto", "cuda"), switch_on("auto", "cpu"), switch_on(True, "cpu")
+    (True, False, True)
+    """
+    return setting is True or (setting == "auto" and device == "cuda")
+
+
+def _check_parallel(parallel: ParallelConfig) -> None:
+    """Refuse a device and backend that contradict each other, a switch that is neither
+    true, false nor auto, and a kernel the requested device cannot run."""
+    implied = _BACKEND_DEVICE.get(parallel.backend)
+    if parallel.device != "auto" and implied not in (None, parallel.device):
+        raise ConfigError(
+            f"parallel.backend: got {parallel.backend!r} with parallel.device "
+            f"{parallel.device!r}, but {parallel.backend} runs on {implied}; give backend auto "
+            f"(it follows the device: nccl on cuda, gloo on cpu) or device {implied}"
+        )
+    for key in _AUTO_SWITCHES:
+        value = getattr(parallel, key.split(".")[1])
+        if not isinstance(value, bool) and value != "auto":
+            raise ConfigError(f"{key}: got {value!r}; give true, false or auto")
+    requested = parallel.requested_device()
+    check_kernel_backend(parallel.spmm_kernel, "nccl" if requested == "cuda" else "gloo")
 
 
 def _check_choices_and_ranges(cfg: Config) -> None:
@@ -374,7 +431,7 @@ def _check_choices_and_ranges(cfg: Config) -> None:
         if value < minimum:
             raise ConfigError(f"{key}: got {value}; it must be at least {minimum}")
 
-    check_kernel_backend(cfg.parallel.spmm_kernel, cfg.parallel.backend)
+    _check_parallel(cfg.parallel)
     sizes = grid_sizes(cfg.parallel.grid)
     if sizes is None or min(sizes) < 1:
         raise ConfigError(
@@ -481,8 +538,13 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
         options = typing.get_args(annotation)
         if value is None and type(None) in options:
             return None
-        inner = [option for option in options if option is not type(None)]
-        return _coerce(key, inner[0], value)
+        refusals = []
+        for option in (option for option in options if option is not type(None)):
+            try:
+                return _coerce(key, option, value)
+            except ConfigError as refusal:  # the next type may take it (bool | str)
+                refusals.append(refusal)
+        raise refusals[0]
     if origin is tuple:  # tuple[T, ...]: a YAML list
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["COMPONENTS", "Profiler"]
+__all__ = ["COMPONENTS", "HOST_WAITS", "HOST_AND_DEVICE", "Profiler"]
 
 #: Components of the epoch-time breakdown.
 COMPONENTS = (
@@ -36,6 +36,12 @@ COMPONENTS = (
     "dp_allreduce",
     "redistribute",
 )
+#: Components that are the host waiting (for the prefetch thread's batch): timed by the
+#: host clock on every device, since the GPU may be busy or idle all along.
+HOST_WAITS = frozenset({"prefetch_wait"})
+#: Components with work on both sides (the sample is drawn and split on the CPU, the
+#: blocks cut out on the GPU): charged the longer of the host's time and the GPU's.
+HOST_AND_DEVICE = frozenset({"sampling"})
 
 
 class Profiler:
@@ -47,7 +53,11 @@ class Profiler:
     side stream, or the training stream) and is charged the device time between them.
     Reading those times never waits: :meth:`snapshot` takes the regions whose events
     have completed, and regions still running go to the next snapshot (or are waited
-    for with ``wait=True``).
+    for with ``wait=True``). Two kinds of region are not only device work: the host's
+    waits (:data:`HOST_WAITS`) take the host clock, since events queued behind other
+    work would time the GPU instead, and regions with host work too
+    (:data:`HOST_AND_DEVICE`) are charged the longer of the two clocks, so the CPU part
+    counts where the GPU was busy with earlier work meanwhile.
 
     Parameters
     ----------
@@ -64,14 +74,16 @@ class Profiler:
         self.seconds: dict[str, float] = defaultdict(float)
         self.bytes: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
-        self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        #: Device regions not yet charged: component, events, and the host's seconds
+        #: (0 where the device's time alone counts).
+        self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event, float]] = []
 
     @contextmanager
     def region(self, component: str) -> Iterator[None]:
         if not self.enabled:
             yield
             return
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and component not in HOST_WAITS:
             with self._device_region(component):
                 yield
             return
@@ -88,25 +100,27 @@ class Profiler:
     def _device_region(self, component: str) -> Iterator[None]:
         start = torch.cuda.Event(enable_timing=True)
         start.record()
+        host_start = time.perf_counter()
         try:
             yield
         finally:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
+            host = time.perf_counter() - host_start if component in HOST_AND_DEVICE else 0.0
             with self._lock:
-                self._pending.append((component, start, end))
+                self._pending.append((component, start, end, host))
                 self.calls[component] += 1
 
     def _collect(self, wait: bool) -> None:
         """Charge the regions whose events have completed (all of them if ``wait``)."""
         running = []
-        for component, start, end in self._pending:
+        for component, start, end, host in self._pending:
             if wait:
                 end.synchronize()
             elif not end.query():
-                running.append((component, start, end))
+                running.append((component, start, end, host))
                 continue
-            self.seconds[component] += start.elapsed_time(end) / 1000.0
+            self.seconds[component] += max(start.elapsed_time(end) / 1000.0, host)
         self._pending = running
 
     def add_bytes(self, group_kind: str, count: int) -> None:

@@ -22,9 +22,11 @@ stay in cache). With the native kernels on (the default), contiguous float32 CPU
 tensors go to one C loop each instead (:mod:`~dgl_scalegnn.parallel.cpu_kernels`: the
 forward with the same operations in the same order, one read of each input and one
 write of each output). With fusion on, ``torch.compile`` turns the forward and backward
-kernels into one loop each (for GPUs; it measured slower than eager on CPU), and a
-compiler failure in either (the backward one is compiled at the first backward)
-switches the tail to the eager kernels for the rest of the run, with one log line.
+kernels into one loop each (for GPUs, where the eager kernels' blocks are many small
+launches; it measured slower than eager on CPU, so ``auto``, the default, compiles for
+CUDA tensors only), and a compiler failure in either (the backward one is compiled at
+the first backward) switches the tail to the eager kernels for the rest of the run,
+with one log line. :attr:`LayerTail.calls` counts what ran.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Protocol
 
 import torch
 
+from dgl_scalegnn.config import switch_on
 from dgl_scalegnn.parallel import cpu_kernels
 from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_keep, keep_threshold
 from dgl_scalegnn.profiling import Profiler
@@ -453,9 +456,10 @@ class LayerTail:
 
     Parameters
     ----------
-    fuse : bool
+    fuse : bool or "auto"
         Compile the forward and backward kernels on first use (dynamic shapes: the
         batch rows change every step); eager when ``False`` or when compiling fails.
+        ``"auto"`` decides at the first call: compiled for CUDA tensors, else not.
     native : bool
         Run float32 CPU tensors through the native kernels
         (:mod:`~dgl_scalegnn.parallel.cpu_kernels`) where they build (without fusion,
@@ -471,8 +475,10 @@ class LayerTail:
     torch.Size([5, 4])
     """
 
-    def __init__(self, fuse: bool, native: bool = False) -> None:
-        self.fused = fuse
+    def __init__(self, fuse: bool | str, native: bool = False) -> None:
+        #: The compiled kernels are in use (``None`` until the first call decides
+        #: ``auto``; ``False`` after a compiler failure too).
+        self.fused: bool | None = None if fuse == "auto" else fuse
         self.native = native
         #: Calls of each kernel kind (``native``, ``compiled``, ``eager``): what ran.
         self.calls = {"native": 0, "compiled": 0, "eager": 0}
@@ -502,6 +508,8 @@ class LayerTail:
         """Run ``kernel`` (``"square_sums"``, ``"forward"``, ``"backward"``, ``"finish"``):
         compiled with fusion on (all but the square sums and the completion), else native
         where the tensors allow it, else eager."""
+        if self.fused is None:
+            self.fused = switch_on("auto", args[0].device.type)
         if self.fused and kernel in self._compiled:
             try:
                 result = self._compiled[kernel](*args, **kwargs)

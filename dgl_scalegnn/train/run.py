@@ -27,8 +27,12 @@ from dgl_scalegnn.distributed.bootstrap import (
     LaunchInfo,
     detect_launch,
     device_for,
+    gpu_identity,
+    gpu_may_be_shared,
     init_distributed,
-    resolve_backend,
+    refuse_shared_gpus,
+    resolve_device,
+    use_tf32,
 )
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
 from dgl_scalegnn.distributed.grid import Grid4D
@@ -91,16 +95,34 @@ class Session:
 
 
 def start_session(parallel: ParallelConfig) -> Session:
-    """Detect the launch, check the grid against the world size, choose and bind the
-    device, start torch.distributed on it, create every process group of the grid and
-    run one warm-up collective on each (NCCL then starts here, not inside step 0)."""
+    """Detect the launch, check the grid against the world size, choose the device (rank
+    0 says which, and why, in one line on stdout) and bind it, start torch.distributed
+    on it, create every process group of the grid and run one warm-up collective on
+    each (NCCL then starts here, not inside step 0).
+
+    Raises
+    ------
+    ConfigError
+        On every rank: CUDA asked for where it is not usable, a kernel the device cannot
+        run, more ranks on a node than GPUs, or ranks that share a GPU.
+    """
     info = detect_launch()
     shape = GridShape.parse(parallel.grid)
     shape.check_world_size(info.world_size)
-    backend = resolve_backend(parallel.backend)
+    requested = parallel.requested_device()
+    choice = resolve_device(requested)
+    if info.rank == 0:
+        print(f"scalegnn: {choice.describe(requested)}", flush=True)
+    backend = choice.backend
     check_kernel_backend(parallel.spmm_kernel, backend)
     device = device_for(info, backend)
-    job = init_distributed(info, backend, parallel.timeout_s, device)
+    use_tf32(parallel.tf32, device)
+    # Ranks that may share their one GPU compare them before NCCL starts (bound to the
+    # device, NCCL would start at once and stop on "Duplicate GPU detected").
+    shared = gpu_may_be_shared(info, device)
+    job = init_distributed(info, backend, parallel.timeout_s, None if shared else device)
+    if shared:
+        refuse_shared_gpus(job.store, info.rank, info.world_size, gpu_identity(device))
     watchdog = None
     if job is not None:
         watchdog = Watchdog(job, info.rank, info.world_size, timeout=parallel.watchdog_s).start()

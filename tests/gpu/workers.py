@@ -2,8 +2,9 @@
 
 :func:`gpu_checks` trains a small synthetic graph on this rank's GPU and writes
 ``rank{r}.json`` with what the suite asserts: the device each piece ran on, the step
-losses with prefetch off and on, and the host synchronisations of one training step
-and of one batch build (counted by ``torch.cuda.set_sync_debug_mode``).
+losses with prefetch off and on, the layer tail's kernels by kind, and the host
+synchronisations of one training step and of one batch build (counted by
+``torch.cuda.set_sync_debug_mode``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
+from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
@@ -37,6 +39,22 @@ def count_host_syncs(work: Callable[[], Any]) -> int:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def prefetch_thread_devices(profiler: Profiler, device: torch.device) -> list[list[int]]:
+    """``[step, current device]`` of each batch the prefetch thread builds for
+    ``get(0)`` and ``close()``: step 0, and step 1, which ``get(0)`` starts at once and
+    ``close()`` waits for."""
+    built: list[list[int]] = []
+
+    def record(step: int) -> int:
+        built.append([step, torch.cuda.current_device()])
+        return step
+
+    prefetcher = Prefetcher(record, profiler, device)
+    prefetcher.get(0)
+    prefetcher.close()
+    return built
 
 
 def _losses(cfg_mapping: dict, graph, session, device) -> list[float]:
@@ -59,16 +77,9 @@ def gpu_checks(base: dict, out: str) -> None:
             "losses": _losses(base, graph, session, device),
             "losses_prefetch": _losses(prefetch_on, graph, session, device),
         }
-        worker_devices: list[int] = []
-
-        def record_device(step: int) -> int:
-            worker_devices.append(torch.cuda.current_device())
-            return step
-
-        prefetcher = Prefetcher(record_device, session.runtime.profiler, device)
-        prefetcher.get(0)
-        prefetcher.close()
-        report["prefetch_thread_devices"] = worker_devices
+        report["prefetch_thread_devices"] = prefetch_thread_devices(
+            session.runtime.profiler, device
+        )
 
         trainer = Trainer(
             config_from_mapping(base), graph, session.runtime, MetricsWriter(None), device
@@ -77,6 +88,8 @@ def gpu_checks(base: dict, out: str) -> None:
         batch = trainer.sample(1)
         report["syncs_train_step"] = count_host_syncs(lambda: trainer.train_step(batch))
         report["syncs_batch"] = count_host_syncs(lambda: trainer.sample(2))
+        report["fused"] = trainer.model.layer_tail.fused
+        report["kernel_calls"] = trainer.model.layer_tail.calls
         report["threads"] = [t.name for t in threading.enumerate()]
         Path(out, f"rank{rank}.json").write_text(json.dumps(report))
     finally:
