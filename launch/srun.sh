@@ -5,6 +5,8 @@
 #
 # The process count is nodes x tasks-per-node and must equal the product of the grid.
 # Prepare the dataset once (`scalegnn prepare`), on a file system every node reads.
+# Rank 0 says which device it trains on and why; add --set parallel.device=cuda to
+# refuse to start where CUDA is not usable instead of training on the CPU.
 #SBATCH --job-name=scalegnn
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
@@ -14,7 +16,7 @@
 #SBATCH --output=scalegnn-%j.out
 set -euo pipefail
 if [ $# -lt 2 ]; then
-  sed -n '2,7p' "$0" >&2
+  sed -n '2,9p' "$0" >&2
   exit 2
 fi
 grid=$1 config=$2
@@ -29,7 +31,9 @@ export MASTER_PORT=${MASTER_PORT:-29500}
 # no process outside the job can read or set them. Drawn here unless it is set.
 SCALEGNN_JOB_SECRET=${SCALEGNN_JOB_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
 export SCALEGNN_JOB_SECRET
-export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8}
+# Slurm >= 22.05 no longer hands sbatch's --cpus-per-task to srun: pass it on explicitly.
+cpus_per_task=${SLURM_CPUS_PER_TASK:-8}
+export OMP_NUM_THREADS=$cpus_per_task
 
 # Usual NCCL settings; adjust the interface to the site's high-speed network.
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
@@ -39,5 +43,8 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 # export NCCL_NET_GDR_LEVEL=PHB             # GPUDirect RDMA where the NIC is close
 # export NCCL_CROSS_NIC=1
 
-srun --ntasks-per-node="${SLURM_NTASKS_PER_NODE:-4}" --gpus-per-task=1 --gpu-bind=closest \
-  "$root/.venv/bin/scalegnn" train --config "$config" --grid "$grid" --set parallel.backend=auto "$@"
+# One GPU per task, bound by --gpus-per-task alone (--gpu-bind=closest would show a task
+# every GPU of its NUMA domain): each rank sees exactly its own.
+srun --ntasks-per-node="${SLURM_NTASKS_PER_NODE:-4}" --cpus-per-task="$cpus_per_task" \
+  --gpus-per-task=1 \
+  "$root/.venv/bin/scalegnn" train --config "$config" --grid "$grid" "$@"
