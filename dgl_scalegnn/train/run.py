@@ -103,8 +103,9 @@ def start_session(parallel: ParallelConfig) -> Session:
     Raises
     ------
     ConfigError
-        On every rank: CUDA asked for where it is not usable, a kernel the device cannot
-        run, more ranks on a node than GPUs, or ranks that share a GPU.
+        CUDA asked for where it is not usable, or a kernel the device cannot run (on
+        every rank); more ranks on a node than its GPUs (on that node's ranks); ranks
+        that share a GPU (on every rank).
     """
     info = detect_launch()
     shape = GridShape.parse(parallel.grid)
