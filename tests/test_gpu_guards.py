@@ -477,7 +477,8 @@ def test_auto_falls_back_to_the_cpu_saying_why_and_cuda_is_refused(machine):
     assert resolve_device("auto").reason.startswith(volta)
     with pytest.raises(
         ConfigError,
-        match=rf"{re.escape(volta)}; .* runs on 7\.5 and newer .*compute capability 9\.0\), 1 x Tesla",
+        match=rf"{re.escape(volta)}; .* runs on 7\.5 and newer "
+        r".*compute capability 9\.0\), 1 x Tesla",
     ):
         resolve_device("cuda")
     machine(None, [H100])
