@@ -28,7 +28,7 @@ from benchmarks.common import pyplot, quick_mode, save_plot, write_results
 from dgl_scalegnn.profiling import COMPONENTS
 
 VARIANTS = [
-    ("baseline", {}),
+    ("baseline", {"parallel": {"fuse": False}}),  # fuse: auto would compile on a GPU
     ("+prefetch", {"sampling": {"prefetch": True}}),
     ("+bf16 comm", {"parallel": {"bf16_comm": True}}),
     ("+fusion", {"parallel": {"fuse": True}}),

@@ -67,8 +67,9 @@ class ParallelScaleGNN(nn.Module):
         Grid, communication switches and profiler.
     seed : int
         Initialisation and dropout seed.
-    fuse : bool
-        Fuse each layer's element-wise tail with ``torch.compile``.
+    fuse : bool or "auto"
+        Fuse each layer's element-wise tail with ``torch.compile`` (``"auto"``: on CUDA
+        tensors, not on CPU ones).
     native : bool
         Run the element-wise tail and the norms on the native CPU kernels where they
         build (:mod:`~dgl_scalegnn.parallel.cpu_kernels`).

@@ -26,7 +26,7 @@ Blocks are built in the prefetch thread, so their build time is off the step's p
 The two DGL kernels run on CPU tensors only: the DGL 2.1 wheels are CPU builds, and
 no DGL CUDA wheel exists for the torch this project pins, so the GPU path never needs
 DGL's kernels. :func:`build_local_spmm` refuses them for a block on another device, and
-the config refuses them with ``parallel.backend: nccl``.
+the config refuses them on CUDA (``parallel.device: cuda`` or ``parallel.backend: nccl``).
 """
 
 from __future__ import annotations
