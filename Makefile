@@ -7,7 +7,7 @@ NP ?= 4
 GRID ?= 1x1x2x2
 CONFIG ?= yaml/synthetic.yaml
 
-.PHONY: install test test-gpu run lint bench bench-scale clean
+.PHONY: install test test-gpu gpu-check run lint bench bench-scale clean
 
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,18 @@ test: lint
 # no GPU is visible it runs nothing and says so.
 test-gpu:
 	SCALEGNN_TEST_GPU=1 $(PY) -m pytest -q -rs tests/gpu
+
+# One unattended check of a GPU machine, at most about 5 minutes on one GPU: one JSON
+# report (GPU_CHECK_REPORT; its fields in docs/gpu-check.md). The script exits 3 where
+# no GPU is usable, saying why (make: "Error 3"), unless GPU_EXPECTED=0 (then the report
+# says skipped), and 1 when a check fails. PYTHON=python3 runs it on that interpreter
+# (the project installed there with pip install --no-deps), otherwise on the .venv.
+GPU_EXPECTED ?= 1
+GPU_CHECK_REPORT ?= gpu-check.json
+GPU_CHECK_PY = $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),$(PY))
+gpu-check:
+	$(GPU_CHECK_PY) -m dgl_scalegnn.train.gpu_check --out $(GPU_CHECK_REPORT) \
+		$(if $(filter 0,$(GPU_EXPECTED)),--no-gpu-expected)
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -8,7 +8,8 @@
 - On CUDA the chunk rows come from the device's free memory (``mem_get_info`` stubbed);
   elsewhere the CPU rule stays.
 - The cost model lists each chunk's collectives: its counts and bytes per group kind
-  equal those of real ranks on an uneven grid.
+  equal those of real ranks on an uneven grid; docs/gpu-check.md's papers100M table is
+  the model's.
 """
 
 from __future__ import annotations
@@ -19,13 +20,22 @@ from collections import Counter
 import pytest
 import torch
 
+from benchmarks.bench_projection import PAPERS100M, perlmutter
 from dgl_scalegnn.config import SyntheticConfig, config_from_mapping
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.parallel.spmm import csr_tensor
-from dgl_scalegnn.perfmodel import Workload, eval_bytes, eval_stages
+from dgl_scalegnn.perfmodel import (
+    Workload,
+    epoch_time,
+    eval_bytes,
+    eval_chunk_rows,
+    eval_seconds,
+    eval_stages,
+    memory_bytes,
+)
 from dgl_scalegnn.sampling import full_graph
 from dgl_scalegnn.sampling.full_graph import (
     FREE_MEMORY_SHARE,
@@ -37,7 +47,7 @@ from dgl_scalegnn.sampling.full_graph import (
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 from tests.gpu.host_syncs import HostSyncCounter
-from tests.helpers import random_dataset, relative_error
+from tests.helpers import ROOT, random_dataset, relative_error
 from tests.ranks import spawn_ranks
 
 NUM_NODES = 2000
@@ -212,3 +222,26 @@ def test_cost_model_counts_each_chunks_collectives(tmp_path):
             assert counted["bytes"] == pytest.approx(predicted_bytes, rel=1e-9), (name, rank)
             assert counted["syncs"] <= model["layers"], (name, rank, counted["syncs"])
         assert sum(stage.chunks for stage in stages) > 20  # many chunks were counted
+
+
+def test_the_documented_papers100m_projection_is_the_models():
+    """docs/gpu-check.md's evaluation table: chunk rows, chunks and seconds as the cost
+    model gives them for ogbn-papers100M (free memory: an A100's 40 GB less the rank's
+    graph share and model)."""
+    doc = (ROOT / "docs" / "gpu-check.md").read_text()
+    for grid in ("1x4x4x4", "4x4x4x4"):
+        shape = GridShape.parse(grid)
+        held = memory_bytes(PAPERS100M, shape)
+        free = 40e9 - held["graph"] - held["model"]
+        epoch = epoch_time(PAPERS100M, shape, perlmutter(shape))
+        for rows, rule in (
+            (default_chunk_rows(shape.tp_size), "CPU rule"),
+            (eval_chunk_rows(PAPERS100M, shape, free), "device memory"),
+        ):
+            chunks = sum(s.chunks for s in eval_stages(PAPERS100M, shape, 0, rows))
+            seconds = eval_seconds(PAPERS100M, shape, perlmutter(shape), rows)
+            row = (
+                f"| {grid} ({shape.world_size}) | {rows:,}: {rule} | {chunks:,} | "
+                f"{seconds:.1f} s | {epoch:.2f} s |"
+            )
+            assert row in doc, row
