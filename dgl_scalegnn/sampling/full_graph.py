@@ -9,15 +9,17 @@ forward needs no batch: a GCN layer computes its output rows in chunks,
     X_{h,l}[R_k] = \\mathrm{tail}\\big(\\tilde A[R_k, :]\\, X_{h,l-1}\\, W_l\\big),
 
 where :math:`R_k` is chunk ``k`` of the layer's output rows and
-:math:`\\tilde A[R_k, :]` a CSR view over slices of the block's ``indptr``, ``indices``
-and ``values`` (no copy of the adjacency, no COO, no transpose). The only full-size
-buffers are the layer's input and output, as in DGL's layer-wise inference.
+:math:`\\tilde A[R_k, :]` a CSR of those rows of the block (:class:`CSRRows`: only the
+chunk's entries are copied; no COO, no transpose). The only full-size buffers are the
+layer's input and output, as in DGL's layer-wise inference.
 
 Chunk ``k`` of a layer is the union over the parts of the output row axis of each
 part's local rows ``[k c, (k + 1) c)``: every rank runs the same number of chunks and
 the ranks of a reduce group (which share the row axis) the same row counts, so the
 parallel operators of the training forward (all-reduces, the residual's all-to-all)
-apply to a chunk unchanged.
+apply to a chunk unchanged. Its rows and their split are known on the host, so no chunk
+waits for the device; on a GPU the chunk rows come from its free memory
+(:func:`chunk_rows_for`).
 """
 
 from __future__ import annotations
