@@ -9,11 +9,14 @@ CONFIG ?= yaml/synthetic.yaml
 
 .PHONY: install test test-gpu gpu-check run lint bench bench-scale clean
 
+# torch first, pinned. On Linux PyPI's torch==2.13.0 is the CUDA 13 build (GBs, driver
+# >= 580: docs/gpu.md); pip takes a CPU build (2.13.0+cpu) where its find-links or index
+# offer one, or from TORCH_INDEX, e.g. make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 install:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade "pip>=23"
-	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
-	$(PIP) install torch==2.13.0
+	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-deps --no-build-isolation -e .
 
@@ -21,7 +24,7 @@ test: lint
 	$(PY) -m pytest -q
 
 # The CUDA smoke suite (tests/gpu): NCCL against gloo, one GPU against the CPU. Where
-# no GPU is visible it runs nothing and says so.
+# CUDA is not usable it stops with exit 3 and says why.
 test-gpu:
 	SCALEGNN_TEST_GPU=1 $(PY) -m pytest -q -rs tests/gpu
 
