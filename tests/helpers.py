@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -117,31 +117,46 @@ def launched(argv: list[str], env: dict[str, str] | None = None) -> Iterator[sub
 
 
 # srun: note the arguments, then start SLURM_NTASKS copies of the command after the
-# options; exit with the largest exit code of the tasks, as srun does.
+# options, spread evenly over the nodes `scontrol show hostnames` names (through
+# SRUN_ON_NODE, `SRUN_ON_NODE NODE COMMAND...`, where set); say which tasks failed and
+# exit with the largest exit code of the tasks, as srun does.
 _STAND_IN_SRUN = textwrap.dedent(
     """\
     #!/usr/bin/env bash
     printf '%s\\n' "$@" > "$SRUN_ARGS_FILE"
     while [[ "$1" == --* ]]; do shift; done
+    mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+    per_node=$(( SLURM_NTASKS / ${#nodes[@]} ))
     pids=()
     for ((rank = 0; rank < SLURM_NTASKS; rank++)); do
-      SLURM_PROCID=$rank SLURM_LOCALID=$rank "$@" & pids+=($!)
+      node=$(( rank / per_node ))
+      SLURM_PROCID=$rank SLURM_LOCALID=$(( rank % per_node )) SLURM_NODEID=$node \\
+        ${SRUN_ON_NODE:+"$SRUN_ON_NODE" "${nodes[node]}"} "$@" & pids+=($!)
     done
     status=0
-    for pid in "${pids[@]}"; do
-      wait "$pid" && code=0 || code=$?
+    for rank in "${!pids[@]}"; do
+      wait "${pids[rank]}" && code=0 || code=$?
+      (( code == 0 )) || echo "srun: error: ${nodes[rank / per_node]}: task $rank: exit $code" >&2
       (( code > status )) && status=$code
     done
     exit $status
     """
 )
-_STAND_IN_SCONTROL = '#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1\n'
+_STAND_IN_SCONTROL = '#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && tr , "\\n" <<< "$3"\n'
 
 
-def stand_in_slurm(tmp_path: Path, tasks: int, port: int) -> dict[str, str]:
-    """The environment of an sbatch job on one node of this machine, whose ``srun`` and
-    ``scontrol`` are stand-ins that start the tasks here as Slurm would (``SLURM_PROCID``,
-    ``SLURM_LOCALID``); ``srun``'s arguments are noted in ``tmp_path/srun_args``."""
+def stand_in_slurm(
+    tmp_path: Path,
+    tasks: int,
+    port: int,
+    nodes: Sequence[str] = ("127.0.0.1",),
+    on_node: Path | None = None,
+) -> dict[str, str]:
+    """The environment of an sbatch job on ``nodes`` (this machine by default), whose
+    ``srun`` and ``scontrol`` are stand-ins that start the tasks as Slurm would
+    (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``), each node's through
+    ``on_node NODE COMMAND...`` where given; ``srun``'s arguments are noted in
+    ``tmp_path/srun_args``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("srun", _STAND_IN_SRUN), ("scontrol", _STAND_IN_SCONTROL)):
@@ -150,12 +165,14 @@ def stand_in_slurm(tmp_path: Path, tasks: int, port: int) -> dict[str, str]:
     return {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "SLURM_NTASKS": str(tasks),
-        "SLURM_NTASKS_PER_NODE": str(tasks),
-        "SLURM_JOB_NODELIST": "node[001]",
+        "SLURM_NTASKS_PER_NODE": str(tasks // len(nodes)),
+        "SLURM_NNODES": str(len(nodes)),
+        "SLURM_JOB_NODELIST": ",".join(nodes),
         "SLURM_CPUS_PER_TASK": "1",
         "SCALEGNN_ROOT": str(ROOT),
         "MASTER_PORT": str(port),
         "SRUN_ARGS_FILE": str(tmp_path / "srun_args"),
+        **({"SRUN_ON_NODE": str(on_node)} if on_node else {}),
     }
 
 

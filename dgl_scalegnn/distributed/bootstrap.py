@@ -24,9 +24,11 @@ through the store first (:func:`refuse_shared_gpus`), and NCCL starts with the w
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import hmac
+import ipaddress
 import os
 import re
 import secrets
@@ -37,6 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -79,6 +82,7 @@ _DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
 SECRET_VARIABLE = "SCALEGNN_JOB_SECRET"
 _MIN_SECRET_CHARS = 32
 _LISTEN_BACKLOG = 4096  # every rank connects at once at start-up (the kernel caps it)
+_PEERS_TRIED = 3  # other hosts whose routes rank 0 asks for an address the others reach
 
 
 @dataclass(frozen=True)
@@ -466,28 +470,137 @@ def _host_store(
     )
 
 
+def _addresses(host: str) -> list[str]:
+    """The addresses ``host`` resolves to here, IPv4 first (none if it does not resolve)."""
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    found.sort(key=lambda info: info[0] != socket.AF_INET)
+    return list(dict.fromkeys(str(info[4][0]) for info in found))
+
+
+def _source_address(destination: str) -> str | None:
+    """The address this host sends from towards ``destination`` (``None`` without a
+    route): a UDP socket's ``connect`` asks the routing table and sends nothing."""
+    family = socket.AF_INET6 if ":" in destination else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((destination, 9))
+        except OSError:
+            return None
+        return str(probe.getsockname()[0])
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address.partition("%")[0]).is_loopback
+
+
+def _reachable_address(peers: list[str]) -> str:
+    """An address of this host that the ranks on the other hosts can reach.
+
+    The address this host sends from towards the other hosts (``peers``, their names as
+    they report them; the first few are tried): a host's own name often resolves to a
+    loopback address (127.0.1.1 in Debian's /etc/hosts), which each other host would take
+    for its own. Failing that (their names do not resolve here), a non-loopback address
+    of this host's name.
+
+    Raises
+    ------
+    ConfigError
+        No usable address: the message names this host and the addresses tried.
+    """
+    host = socket.gethostname()
+    tried = []
+    for name in [*peers[:_PEERS_TRIED], host]:
+        if name == host:
+            found = _addresses(host)
+        else:
+            found = [s for a in _addresses(name) if (s := _source_address(a)) is not None]
+        usable = [address for address in found if not _is_loopback(address)]
+        if usable:
+            return usable[0]
+        what = "its own name" if name == host else f"towards {name}"
+        tried.append(f"{what}: {', '.join(found) or 'none'}")
+    raise ConfigError(
+        f"no address of host {host} that the ranks on the other hosts can reach "
+        f"({'; '.join(tried)}; a loopback address is each host's own): set MASTER_ADDR to "
+        f"{host}'s address on the network the hosts share"
+    )
+
+
+def _store_address(peers: list[str]) -> str:
+    """Where rank 0 hosts the store when the ranks span several hosts: ``MASTER_ADDR``
+    when set (resolved here: the other ranks are given what rank 0 binds), else
+    :func:`_reachable_address`."""
+    given = os.environ.get("MASTER_ADDR")
+    if not given:
+        return _reachable_address(peers)
+    found = _addresses(given)
+    usable = [address for address in found if not _is_loopback(address)]
+    if usable:
+        return usable[0]
+    host = socket.gethostname()
+    raise ConfigError(
+        f"MASTER_ADDR={given} resolves on {host} (rank 0) to "
+        f"{', '.join(found) or 'no address'}, which the ranks on the other hosts cannot "
+        f"reach: set MASTER_ADDR to {host}'s address on the network the hosts share, or "
+        "unset it to let rank 0 choose one"
+    )
+
+
+def _pin_gloo_interface(peers: list[str]) -> None:
+    """Make gloo listen where the other hosts reach this one: its default device takes
+    the address of the host's name, loopback on Debian-style hosts (see
+    :func:`_reachable_address`). ``GLOO_SOCKET_IFNAME``, when set, is kept."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    with contextlib.suppress(ConfigError):  # then gloo's default, as before
+        address = _reachable_address(peers)
+        for interface, entries in psutil.net_if_addrs().items():
+            if any(entry.address.partition("%")[0] == address for entry in entries):
+                os.environ["GLOO_SOCKET_IFNAME"] = interface
+                return
+
+
 def _store_over_mpi(rank: int, world_size: int, timeout: datetime.timedelta) -> JobStore:
     """The rendezvous store under MPI: rank 0 hosts it on loopback when every rank is
-    on its node (else on ``MASTER_ADDR`` or its host's address), on ``MASTER_PORT`` or a
-    port the kernel picks, draws the job's secret, and broadcasts the three with mpi4py;
-    the other ranks connect to it."""
+    on its node (else on an address the other hosts reach, :func:`_store_address`),
+    on ``MASTER_PORT`` or a port the kernel picks, draws the job's secret, and
+    broadcasts the three with mpi4py; the other ranks connect to it. Across hosts each
+    rank also pins gloo to such an address of its own host.
+
+    Raises
+    ------
+    ConfigError
+        On every rank, when rank 0 finds no address for the store.
+    """
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     one_node = node.Get_size() == world_size
     node.Free()
+    # the other hosts' names, rank 0's first
+    host = socket.gethostname()
+    peers = [] if one_node else [h for h in dict.fromkeys(comm.allgather(host)) if h != host]
     store, endpoint = None, None
     if rank == 0:
-        address = (
-            "127.0.0.1"
-            if one_node
-            else os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
-        )
-        store = _host_store(address, int(os.environ.get("MASTER_PORT", "0")), world_size, timeout)
-        endpoint = (address, store.port, secrets.token_hex(32))
-    address, port, secret = comm.bcast(endpoint, root=0)
+        try:
+            address = "127.0.0.1" if one_node else _store_address(peers)
+        except ConfigError as error:
+            endpoint = error  # every rank raises it (rank 0 alone says it)
+        else:
+            port = int(os.environ.get("MASTER_PORT", "0"))
+            store = _host_store(address, port, world_size, timeout)
+            endpoint = (address, store.port, secrets.token_hex(32))
+    endpoint = comm.bcast(endpoint, root=0)
+    if isinstance(endpoint, ConfigError):
+        raise endpoint
+    address, port, secret = endpoint
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
+    if not one_node:
+        _pin_gloo_interface(peers)
     if store is None:
         store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
     return _job_store(store, secret, rank == 0)
