@@ -164,7 +164,8 @@ def _remove(namespaces: list[str]) -> None:
         subprocess.run(["ip", "netns", "delete", namespace], capture_output=True, timeout=30)
 
 
-def _ours() -> list[str]:
+def namespaces() -> list[str]:
+    """The names of this machine's network namespaces (``ip netns``)."""
     return [line.split()[0] for line in _run(["ip", "netns", "list"]).splitlines() if line]
 
 
@@ -179,7 +180,7 @@ def _remove_leftovers() -> None:
             return False
         return True
 
-    _remove([ns for ns in _ours() if ns.startswith(PREFIX) and not owner_alive(ns)])
+    _remove([ns for ns in namespaces() if ns.startswith(PREFIX) and not owner_alive(ns)])
 
 
 def _hosts_file(hosts: list[Host], own: Host, own_loopback: bool) -> str:
@@ -248,4 +249,4 @@ def cluster(directory: Path, count: int, *, own_name_loopback: bool = False) -> 
         _build(f"{stem}bridge", hosts)
         yield made
     finally:
-        _remove([ns for ns in _ours() if ns.startswith(stem)])
+        _remove([ns for ns in namespaces() if ns.startswith(stem)])

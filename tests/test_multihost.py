@@ -16,7 +16,9 @@ import contextlib
 import os
 import re
 import secrets
+import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -28,7 +30,7 @@ from dgl_scalegnn.distributed import bootstrap
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.helpers import ROOT, launched, step_losses
-from tests.multihost import SUBNET, Cluster, cluster
+from tests.multihost import PREFIX, SUBNET, Cluster, cluster, namespaces
 from tests.ranks import spawn_ranks
 
 WATCHDOG_S = 5
@@ -239,3 +241,22 @@ def test_a_host_without_a_reachable_address_is_refused_naming_what_was_tried(mon
     )
     with pytest.raises(ConfigError, match=expected):
         bootstrap._reachable_address(["127.0.0.2"])
+
+
+def test_hosts_are_torn_down_after_a_failure_and_a_killed_runs_leftovers_removed(tmp_path):
+    """A test failing midway leaves no namespace and no process behind; namespaces left
+    by a test process that was killed (its pid is gone) are removed by the next."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    leftover = f"{PREFIX}{gone.pid}-1-node0"
+    subprocess.run(["ip", "netns", "add", leftover], check=True)
+    with pytest.raises(RuntimeError, match="midway"), cluster(tmp_path, 2) as hosts:
+        assert leftover not in namespaces()
+        stem = hosts.host("node0").namespace.removesuffix("node0")  # the bridge's too
+        sleeper = subprocess.Popen(hosts.on("node1", ["sleep", "600"]))
+        while hosts.pids("node1") != [sleeper.pid]:
+            assert sleeper.poll() is None
+            time.sleep(0.05)
+        raise RuntimeError("the test failed midway")
+    assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    assert not [name for name in namespaces() if name.startswith(stem)]
