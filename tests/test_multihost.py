@@ -49,16 +49,15 @@ _RENDEZVOUS_PORT = 29400  # any: each host has a network of its own
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> dict:
-    """The config file, the prepared-data cache every launch shares, and the losses of
-    one process."""
+    """The config file and the losses of one process (the prepared graph lands in the
+    session's cache, which every launch reads)."""
     directory = tmp_path_factory.mktemp("multihost")
     config = directory / "config.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    env = {"SCALEGNN_CACHE_DIR": str(directory / "cache")}
     metrics = directory / "single.jsonl"
     argv = ["train", "--config", str(config), "--metrics", str(metrics)]
-    spawn_ranks(1, "dgl_scalegnn.cli:main", [argv], directory / "single", env=env)
-    return {"config": config, "env": env, "losses": step_losses(read_metrics(metrics))}
+    spawn_ranks(1, "dgl_scalegnn.cli:main", [argv], directory / "single")
+    return {"config": config, "losses": step_losses(read_metrics(metrics))}
 
 
 def _finish(process, what: str) -> str:
@@ -94,7 +93,7 @@ def test_mpirun_sh_across_hosts_whose_names_resolve_to_127_0_1_1(tmp_path, job):
     with cluster(tmp_path, 2, own_name_loopback=True) as hosts:
         command = [str(ROOT / "launch" / "mpirun.sh"), "8", "1x2x2x2", str(job["config"])]
         argv = hosts.on("node0", [*command, "--metrics", str(metrics)])
-        env = {**job["env"], "MPIRUN_ARGS": f"{_mpirun_args(hosts, 4)} --display map"}
+        env = {"MPIRUN_ARGS": f"{_mpirun_args(hosts, 4)} --display map"}
         with launched(argv, env) as process:
             output = _finish(process, "mpirun.sh")
     for host in hosts.hosts:  # mpirun's map: four ranks on each host
@@ -160,7 +159,7 @@ def test_mpirun_sh_refuses_a_master_addr_that_resolves_to_loopback_on_rank_0(tmp
     so in one line (naming the host and the address) instead of a 300 s timeout."""
     command = [str(ROOT / "launch" / "mpirun.sh"), "2", "1x1x1x2", str(job["config"])]
     with cluster(tmp_path, 2, own_name_loopback=True) as hosts:
-        env = {**job["env"], "MPIRUN_ARGS": _mpirun_args(hosts, 1), "MASTER_ADDR": "node0"}
+        env = {"MPIRUN_ARGS": _mpirun_args(hosts, 1), "MASTER_ADDR": "node0"}
         with launched(hosts.on("node0", command), env) as process:
             output, _ = process.communicate(timeout=LAUNCH_TIMEOUT_S)
     assert process.returncode == 2, output[-4000:]
@@ -178,7 +177,7 @@ def test_srun_sh_across_four_hosts(tmp_path, job):
     metrics = tmp_path / "metrics.jsonl"
     command = ["bash", str(ROOT / "launch" / "srun.sh"), "1x2x2x2", str(job["config"])]
     with cluster(tmp_path, 4) as hosts:
-        env = {**job["env"], **hosts.slurm(tmp_path, tasks=8)}
+        env = hosts.slurm(tmp_path, tasks=8)
         argv = hosts.on("node0", [*command, "--metrics", str(metrics)])
         with launched(argv, env) as process:
             _finish(process, "srun.sh")
@@ -195,7 +194,6 @@ def test_torchrun_sh_on_each_of_two_hosts_meets_at_a_c10d_rendezvous(tmp_path, j
         for rank, host in enumerate(hosts.hosts):
             rendezvous = f"--rdzv-backend=c10d --rdzv-endpoint=node0:{_RENDEZVOUS_PORT}"
             env = {
-                **job["env"],
                 "SCALEGNN_JOB_SECRET": secret,
                 "TORCHRUN_ARGS": f"--nnodes=2 --node-rank={rank} {rendezvous}",
             }
@@ -215,7 +213,7 @@ def test_watchdog_stops_the_job_when_every_rank_of_a_host_is_killed(tmp_path, jo
     metrics = tmp_path / "metrics.jsonl"
     command = ["bash", str(ROOT / "launch" / "srun.sh"), "1x1x2x2", str(config)]
     with cluster(tmp_path, 2) as hosts:
-        env = {**job["env"], **hosts.slurm(tmp_path, tasks=4)}
+        env = hosts.slurm(tmp_path, tasks=4)
         argv = hosts.on("node0", [*command, "--metrics", str(metrics)])
         with launched(argv, env) as process:
             _wait_for_a_step(metrics, process)
