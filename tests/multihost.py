@@ -9,7 +9,7 @@ namespace's network, and no packet can leave the namespaces. One line gives a te
 hosts, torn down when the block ends, also on failure::
 
     with cluster(tmp_path, 2) as hosts:
-        hosts.popen("node1", ["hostname"])
+        subprocess.run(hosts.on("node1", ["hostname"]))  # prints node1
 
 Needs root and ``ip netns`` (iproute2) with ``unshare`` (util-linux): where either is
 missing, :func:`cluster` raises, saying which; it never skips.
