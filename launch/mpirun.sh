@@ -39,7 +39,7 @@ done
 # Threads per rank: the cores of its node over the ranks placed there, which only the
 # node knows (mpirun sets OMPI_COMM_WORLD_LOCAL_SIZE), unless OMP_NUM_THREADS is set.
 # shellcheck disable=SC2016
-per_rank='t=${0#auto}; [ -n "$t" ] || t=$(( $(nproc) / OMPI_COMM_WORLD_LOCAL_SIZE ))
+per_rank='t=${0#auto}; [ -n "$t" ] || t=$(( $(nproc) / ${OMPI_COMM_WORLD_LOCAL_SIZE:-1} ))
 export OMP_NUM_THREADS=$(( t > 0 ? t : 1 )); exec "$@"'
 # shellcheck disable=SC2086
 "$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} bash -c "$per_rank" "${OMP_NUM_THREADS:-auto}" \
