@@ -36,7 +36,8 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ModelConfig, load_config
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.model.reference import ScaleGNN
-from dgl_scalegnn.sampling.uniform import UniformVertexSampler, sample_vertices
+from dgl_scalegnn.sampling.dgl_loader import UniformVertexSampler
+from dgl_scalegnn.sampling.uniform import sample_vertices
 
 __all__ = ["main"]
 

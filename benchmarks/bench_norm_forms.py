@@ -43,7 +43,7 @@ from torch.nn import functional
 
 from dgl_scalegnn.config import DataConfig
 from dgl_scalegnn.data.datasets import load_dataset
-from dgl_scalegnn.sampling.uniform import gcn_norm_graph
+from dgl_scalegnn.sampling.dgl_loader import gcn_norm_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -10,7 +10,8 @@ from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.model.reference import ScaleGNN
-from dgl_scalegnn.sampling.uniform import UniformVertexSampler, sample_vertices
+from dgl_scalegnn.sampling.dgl_loader import UniformVertexSampler
+from dgl_scalegnn.sampling.uniform import sample_vertices
 
 
 def reference_step(

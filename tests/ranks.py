@@ -24,7 +24,7 @@ from typing import Any
 
 _PRELOAD = [
     "torch",
-    "dgl_scalegnn._dgl",
+    "dgl_scalegnn.sampling.dgl_loader",  # imports DGL itself (the package defers it)
     "dgl_scalegnn.train.run",
     "dgl_scalegnn.cli",
     "tests.helpers",

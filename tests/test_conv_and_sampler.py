@@ -21,13 +21,9 @@ from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.spmm import SPMM_KERNELS, build_local_spmm
 from dgl_scalegnn.sampling.blocks import extract_block, full_block
+from dgl_scalegnn.sampling.dgl_loader import UniformVertexSampler, gcn_norm_graph
 from dgl_scalegnn.sampling.store import RankStore, load_csr_block
-from dgl_scalegnn.sampling.uniform import (
-    UniformVertexSampler,
-    gcn_norm_graph,
-    inclusion_probability,
-    sample_vertices,
-)
+from dgl_scalegnn.sampling.uniform import inclusion_probability, sample_vertices
 from tests.helpers import random_dataset
 
 XYZ = Layout(Axis.X, Axis.Y, Axis.Z)

@@ -61,7 +61,7 @@ import torch
 from benchmarks.baselines.distdgl_worker import MACHINE_ENV, RANK_ENV, WORLD_ENV
 from benchmarks.baselines.graphsage import DEFAULTS as GRAPHSAGE_DEFAULTS
 from benchmarks.baselines.training import machine_cores, mean_std
-from dgl_scalegnn._dgl import GRAPHBOLT_STUBBED, dgl
+from dgl_scalegnn._dgl import dgl, graphbolt_stubbed
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.data.synthetic import generate
@@ -147,7 +147,7 @@ def check_runtime() -> dict[str, Any]:
         "python": sys.executable,
         "torch": torch.__version__,
         "dgl": dgl.__version__,
-        "graphbolt_stubbed": GRAPHBOLT_STUBBED,
+        "graphbolt_stubbed": graphbolt_stubbed(),
         "distributed_importable": hasattr(dgl.distributed, "DistGraph"),
         "namespace_isolation": isolation_available(),
     }

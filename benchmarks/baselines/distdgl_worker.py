@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from benchmarks.baselines import training
 from benchmarks.baselines.graphsage import DEFAULTS, SAGE, resolve_fanouts
-from dgl_scalegnn._dgl import GRAPHBOLT_STUBBED, dgl
+from dgl_scalegnn._dgl import dgl, graphbolt_stubbed
 from dgl_scalegnn.train.trainer import peak_rss_mb
 
 __all__ = ["patch_dgl", "DistGraphSAGE", "main"]
@@ -70,7 +70,7 @@ def patch_dgl() -> None:
        returns it: every ip_config line is 127.0.0.1 here, and DGL would otherwise
        take machine 0 for every trainer and read the wrong partition's shared memory.
     """
-    if GRAPHBOLT_STUBBED:
+    if graphbolt_stubbed():
         placeholder = sys.modules["dgl.graphbolt"]
         if not hasattr(placeholder, "FusedCSCSamplingGraph"):
             placeholder.FusedCSCSamplingGraph = type("FusedCSCSamplingGraph", (), {})

@@ -355,19 +355,24 @@ class _DglBuiltin:
 
     dgl_name: str  #: DGL's name of the dataset, the prefix of its raw directory
     relative_url: str  #: download URL relative to DGL's repository, hashed into the name
-    dataset_class: Callable[..., dgl.data.DGLDataset]  #: takes ``raw_dir`` and ``verbose``
+    class_name: str  #: the class in ``dgl.data``; it takes ``raw_dir`` and ``verbose``
 
     def raw_dirname(self) -> str:
         """``<dgl_name>_<hash>``: what ``DGLDataset.raw_path`` appends to ``raw_dir``."""
         url = dgl.data.utils._get_dgl_url(self.relative_url)
         return f"{self.dgl_name}_{hashlib.sha1(url.encode('utf-8')).hexdigest()[:8]}"
 
+    def dataset(self, raw_dir: Path) -> dgl.data.DGLDataset:
+        """DGL's dataset read from ``raw_dir`` (the class is named, not imported: DGL
+        loads on first use)."""
+        return getattr(dgl.data, self.class_name)(raw_dir=str(raw_dir), verbose=False)
+
 
 _DGL_BUILTINS = {
-    "cora": _DglBuiltin("cora_v2", "dataset/cora_v2.zip", dgl.data.CoraGraphDataset),
-    "citeseer": _DglBuiltin("citeseer", "dataset/citeseer.zip", dgl.data.CiteseerGraphDataset),
-    "pubmed": _DglBuiltin("pubmed", "dataset/pubmed.zip", dgl.data.PubmedGraphDataset),
-    "reddit": _DglBuiltin("reddit", "dataset/reddit.zip", dgl.data.RedditDataset),
+    "cora": _DglBuiltin("cora_v2", "dataset/cora_v2.zip", "CoraGraphDataset"),
+    "citeseer": _DglBuiltin("citeseer", "dataset/citeseer.zip", "CiteseerGraphDataset"),
+    "pubmed": _DglBuiltin("pubmed", "dataset/pubmed.zip", "PubmedGraphDataset"),
+    "reddit": _DglBuiltin("reddit", "dataset/reddit.zip", "RedditDataset"),
 }
 
 
@@ -399,7 +404,7 @@ def _load_dgl_builtin(
     _require_files(name, list(files.values()), fix)
     raw_dirname = builtin.raw_dirname()
     raw_dir = _stage_raw_files(name, raw_dirname, files)
-    dataset = builtin.dataset_class(raw_dir=str(raw_dir), verbose=False)
+    dataset = builtin.dataset(raw_dir)
     source = f"dataset {name!r} ({raw_dir / raw_dirname})"
     return _to_node_dataset(dataset[0], name, dataset.num_classes, source)
 

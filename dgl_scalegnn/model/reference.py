@@ -1,6 +1,6 @@
 """ScaleGNN on one process with DGL message passing: the oracle of the parallel model,
 and a module DGL users can train in a plain loop with
-:class:`~dgl_scalegnn.sampling.uniform.UniformVertexSampler`.
+:class:`~dgl_scalegnn.sampling.dgl_loader.UniformVertexSampler`.
 
 .. math::
 
@@ -53,7 +53,7 @@ class ScaleGNN(nn.Module):
     >>> import torch
     >>> from dgl_scalegnn._dgl import dgl
     >>> from dgl_scalegnn.config import ModelConfig
-    >>> from dgl_scalegnn.sampling.uniform import gcn_norm_graph
+    >>> from dgl_scalegnn.sampling.dgl_loader import gcn_norm_graph
     >>> g = gcn_norm_graph(dgl.rand_graph(10, 30))
     >>> model = ScaleGNN(ModelConfig(hidden=8, layers=2), in_features=4, num_classes=3, seed=0)
     >>> model(g, torch.randn(10, 4)).shape

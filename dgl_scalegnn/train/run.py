@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import platform
 import sys
 from dataclasses import dataclass
@@ -11,7 +12,6 @@ import torch
 import torch.distributed as dist
 
 import dgl_scalegnn
-from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import (
     Config,
     InputError,
@@ -52,10 +52,13 @@ __all__ = [
 
 
 def versions() -> dict[str, str]:
+    """The versions a run records (DGL's from its installed metadata: reading
+    ``dgl.__version__`` would import DGL, which a rank training from a prepared graph
+    never needs)."""
     return {
         "dgl_scalegnn": dgl_scalegnn.__version__,
         "torch": torch.__version__,
-        "dgl": dgl.__version__,
+        "dgl": importlib.metadata.version("dgl"),
         "python": platform.python_version(),
     }
 

@@ -1,0 +1,86 @@
+"""The paper's sampler for a single-process DGL loop: a GCN-normalised DGLGraph and a
+:class:`dgl.dataloading.Sampler` whose subgraphs carry the unbiased edge rescaling of
+:mod:`~dgl_scalegnn.sampling.uniform`.
+
+The distributed trainer does not use this module (each rank cuts its blocks from its
+own share of the graph, :mod:`~dgl_scalegnn.sampling.blocks`), so it alone of the
+sampling package needs DGL.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.data.normalize import gcn_normalize
+from dgl_scalegnn.sampling.uniform import inclusion_probability, rescale_off_diagonal
+
+__all__ = ["gcn_norm_graph", "UniformVertexSampler"]
+
+
+def gcn_norm_graph(graph: dgl.DGLGraph, weight: str = "w") -> dgl.DGLGraph:
+    """The GCN-normalised graph of ``graph`` for a single-process DGL loop.
+
+    Returns a new graph on the same vertices (ndata copied) whose edges are the
+    symmetrised, deduplicated edges plus one self loop per vertex, with
+    ``edata[weight]`` = :math:`(\\hat d_u \\hat d_v)^{-1/2}`. Edge ``u -> v`` carries
+    row ``v``, column ``u`` of :math:`A` (DGL aggregates over in-edges).
+    """
+    src, dst = graph.edges()
+    csr = gcn_normalize(src.numpy(), dst.numpy(), graph.num_nodes())
+    rows = np.repeat(np.arange(csr.num_nodes), np.diff(csr.indptr))
+    normalized = dgl.graph(
+        (torch.from_numpy(csr.indices), torch.from_numpy(rows)), num_nodes=graph.num_nodes()
+    )
+    for key, value in graph.ndata.items():
+        normalized.ndata[key] = value
+    normalized.edata[weight] = torch.from_numpy(csr.values)
+    return normalized
+
+
+class UniformVertexSampler(dgl.dataloading.Sampler):
+    """The paper's sampler as a :class:`dgl.dataloading.Sampler`.
+
+    Given the seed vertices of a batch (with ``dgl.dataloading.DataLoader`` over
+    ``torch.arange(N)`` and ``shuffle=True`` each batch is a uniform ``B``-subset),
+    returns the induced subgraph with ``edata[weight]`` divided by
+    :math:`p = (B-1)/(N-1)` off the diagonal. The graph must come from
+    :func:`gcn_norm_graph` (or carry the normalised weights under ``weight``).
+
+    Parameters
+    ----------
+    weight : str
+        Edge data key of the normalised adjacency values.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from dgl_scalegnn._dgl import dgl
+    >>> g = gcn_norm_graph(dgl.rand_graph(100, 400))
+    >>> loader = dgl.dataloading.DataLoader(
+    ...     g, torch.arange(100), UniformVertexSampler(), batch_size=20, shuffle=True)
+    >>> subgraph = next(iter(loader))
+    >>> subgraph.num_nodes()
+    20
+    """
+
+    def __init__(self, weight: str = "w") -> None:
+        super().__init__()
+        self.weight = weight
+
+    def sample(self, g: dgl.DGLGraph, indices: torch.Tensor) -> dgl.DGLGraph:
+        if self.weight not in g.edata:
+            raise KeyError(
+                f"edata[{self.weight!r}] is missing; build the graph with gcn_norm_graph(graph)"
+            )
+        vertices = torch.sort(torch.as_tensor(indices, dtype=torch.int64)).values
+        subgraph = dgl.node_subgraph(g, vertices)
+        if vertices.numel() < 2:  # a lone vertex keeps only its self loop: nothing to rescale
+            return subgraph
+        src, dst = subgraph.edges()
+        p = inclusion_probability(g.num_nodes(), vertices.numel())
+        subgraph.edata[self.weight] = rescale_off_diagonal(
+            subgraph.edata[self.weight], src == dst, p
+        )
+        return subgraph
