@@ -23,8 +23,17 @@ grid=$1 config=$2
 shift 2
 root=${SCALEGNN_ROOT:-$SLURM_SUBMIT_DIR}
 
-# Rendezvous: the first node of the allocation (ranks read SLURM_PROCID/SLURM_NTASKS).
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# Rendezvous: the first node of the allocation, where this script runs (ranks read
+# SLURM_PROCID/SLURM_NTASKS). Across nodes, as the address this node sends from towards
+# the next node: its own name may resolve to a loopback address here (127.0.1.1 in
+# Debian's /etc/hosts), where rank 0 would bind the store out of the others' reach.
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+MASTER_ADDR=${nodes[0]}
+if [ "${#nodes[@]}" -gt 1 ]; then
+  peer=$(getent ahostsv4 "${nodes[1]}" | awk 'NR == 1 {print $1}')
+  source=$(ip -o route get "$peer" 2>/dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p')
+  MASTER_ADDR=${source:-$MASTER_ADDR}
+fi
 export MASTER_ADDR
 export MASTER_PORT=${MASTER_PORT:-29500}
 # The ranks keep every rendezvous key under this secret (srun hands it to every task):

@@ -173,10 +173,12 @@ def test_mpirun_sh_refuses_a_master_addr_that_resolves_to_loopback_on_rank_0(tmp
 
 def test_srun_sh_across_four_hosts(tmp_path, job):
     """launch/srun.sh on four hosts, two tasks each, through a stand-in srun that starts
-    each host's tasks there with their SLURM_* variables."""
+    each host's tasks there with their SLURM_* variables. Each host's own name resolves
+    to 127.0.1.1 there (Debian's /etc/hosts): srun.sh gives rank 0 the address it sends
+    from towards the next host, and every rank pins gloo to its own such address."""
     metrics = tmp_path / "metrics.jsonl"
     command = ["bash", str(ROOT / "launch" / "srun.sh"), "1x2x2x2", str(job["config"])]
-    with cluster(tmp_path, 4) as hosts:
+    with cluster(tmp_path, 4, own_name_loopback=True) as hosts:
         env = hosts.slurm(tmp_path, tasks=8)
         argv = hosts.on("node0", [*command, "--metrics", str(metrics)])
         with launched(argv, env) as process:

@@ -8,11 +8,8 @@ import subprocess
 
 import pytest
 
-import yaml
 from dgl_scalegnn.distributed.bootstrap import LaunchInfo, detect_launch
-from dgl_scalegnn.train.metrics import read_metrics
-from tests.helpers import ROOT, launched, stand_in_slurm
-from tests.ranks import reserve_port
+from tests.helpers import ROOT
 
 _LAUNCH_VARIABLES = (
     "RANK",
@@ -53,30 +50,3 @@ def test_srun_script_without_arguments_prints_its_usage():
     )
     assert result.returncode == 2
     assert "sbatch" in result.stderr and "grid" in result.stderr
-
-
-def test_srun_script_trains_the_grid_through_the_slurm_branch(tmp_path, clean_launch_env):
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "data": {"name": "synthetic", "synthetic": {"num_nodes": 1200, "num_features": 8}},
-                "model": {"hidden": 8, "layers": 2},
-                "sampling": {"batch_size": 300},
-                "train": {"epochs": 1, "max_steps": 2, "progress": False},
-            }
-        )
-    )
-    metrics = tmp_path / "metrics.jsonl"
-    with reserve_port() as port:  # held until the job is over
-        env = stand_in_slurm(tmp_path, 2, port.getsockname()[1])
-        argv = ["bash", str(ROOT / "launch" / "srun.sh"), "1x1x1x2", str(config)]
-        with launched([*argv, "--metrics", str(metrics)], env) as process:
-            output, _ = process.communicate(timeout=240)
-    assert process.returncode == 0, output[-3000:]
-    srun_args = (tmp_path / "srun_args").read_text().split("\n")
-    assert "--gpus-per-task=1" in srun_args and "--ntasks-per-node=2" in srun_args
-    assert srun_args[srun_args.index("--grid") + 1] == "1x1x1x2"
-    events = read_metrics(metrics)
-    assert events[0]["launcher"] == "slurm" and events[0]["world_size"] == 2
-    assert events[-1]["event"] == "summary" and events[-1]["steps"] == 2

@@ -637,6 +637,8 @@ def _store_from_launcher(info: LaunchInfo, timeout: datetime.timedelta) -> JobSt
         )
     secret = _launcher_secret(info)
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if info.local_world_size is not None and info.local_world_size < info.world_size:
+        _pin_gloo_interface([address])  # across hosts: where they reach this one
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     hosts_store = info.rank == 0 and not agent_hosts_store
     if hosts_store:
