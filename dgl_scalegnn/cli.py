@@ -1,10 +1,11 @@
 """The ``scalegnn`` command line.
 
-``scalegnn train --config FILE [--grid GdxGxxGyxGz] [--set key=value ...] [--metrics FILE]``
-trains (on one process, or on every process of an ``mpirun``/``srun``/``torchrun``
-launch). ``scalegnn prepare`` writes a prepared dataset directory within a memory
-budget (split over the ranks when launched by ``mpirun -np P``), and
-``scalegnn prepare --verify DIR`` checks one.
+``scalegnn train [--config FILE] [--data GRAPH.bin] [--grid GdxGxxGyxGz] [--set key=value
+...] [--metrics FILE]`` trains (on one process, or on every process of an
+``mpirun``/``srun``/``torchrun`` launch); ``--data`` alone trains a ``dgl.save_graphs``
+file with the settings derived from the graph. ``scalegnn prepare`` writes a prepared
+dataset directory within a memory budget (split over the ranks when launched by
+``mpirun -np P``), and ``scalegnn prepare --verify DIR`` checks one.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def _launch_rank() -> int:
 
 
 def _train_config(args: argparse.Namespace) -> Config:
-    overrides = list(args.set or [])
+    overrides = []
+    if getattr(args, "data", None):  # before --set, which may still change them
+        overrides += ["data.name=dgl", f"data.path={args.data}"]
+    overrides += list(args.set or [])
     if getattr(args, "grid", None):
         overrides.append(f"parallel.grid={args.grid}")
     if getattr(args, "resume", False):
@@ -136,6 +140,12 @@ def _parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a GCN with uniform vertex sampling")
     train.add_argument("--config", help="YAML config file (defaults for anything it omits)")
+    train.add_argument(
+        "--data",
+        metavar="GRAPH.bin",
+        help="a graph written by dgl.save_graphs (sets data.name=dgl and data.path); with "
+        "no --config it trains with the settings derived from the graph",
+    )
     train.add_argument("--grid", help="4D grid GdxGxxGyxGz, e.g. 1x2x2x2 (sets parallel.grid)")
     train.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override, e.g. model.hidden=64"

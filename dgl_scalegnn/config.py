@@ -45,7 +45,9 @@ __all__ = [
     "load_config",
     "apply_overrides",
     "DATASET_NAMES",
+    "FEATURE_NORMS",
     "check_kernel_backend",
+    "check_config",
     "switch_on",
     "SPMM_KERNELS",
     "CPU_ONLY_KERNELS",
@@ -74,6 +76,10 @@ DATASET_NAMES = (
     "dgl",
     "synthetic",
 )
+
+
+#: How ``data.feature_norm`` scales the features (see :mod:`dgl_scalegnn.data.features`).
+FEATURE_NORMS = ("none", "row", "standardize")
 
 
 def default_cache_dir(*parts: str) -> Path:
@@ -157,6 +163,13 @@ class DataConfig:
     applies the paper's recipe for graphs without features to any dataset (128 random
     features, and 32 degree classes where the graph has no labels; see
     :mod:`dgl_scalegnn.data.featureless`), drawn from ``permutation_seed``.
+    ``feature_norm`` scales the features when the graph is loaded (``none``, ``row``,
+    ``standardize``: :mod:`dgl_scalegnn.data.features`); ``auto`` is ``row`` for a
+    ``dgl`` file and ``none`` for the other loaders (DGL's Planetoid classes scale the
+    rows themselves; OGB's and Reddit's features are used as published), the synthetic
+    generator and the featureless recipe.
+    ``feat_key`` and ``label_key`` name the node data of a ``dgl`` file that hold the
+    features and the labels.
     """
 
     name: str = "synthetic"
@@ -165,10 +178,27 @@ class DataConfig:
     prepared: str | None = None
     permutation_seed: int = 0
     featureless: bool = False
+    feature_norm: str = "auto"
+    feat_key: str = "feat"
+    label_key: str = "label"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def resolved_root(self) -> str | None:
         return self.root or os.environ.get("SCALEGNN_DATA_ROOT")
+
+    def resolved_feature_norm(self) -> str:
+        """``feature_norm``, with ``auto`` resolved: ``row`` for a ``dgl`` file (Kipf &
+        Welling's scaling, the best on validation over the real graphs of
+        ``make bench-real``), ``none`` otherwise.
+
+        >>> DataConfig(name="dgl", path="g.bin").resolved_feature_norm()
+        'row'
+        >>> DataConfig(name="ogbn-arxiv").resolved_feature_norm()
+        'none'
+        """
+        if self.feature_norm != "auto":
+            return self.feature_norm
+        return "row" if self.name == "dgl" and not self.featureless else "none"
 
 
 @dataclass(frozen=True)
@@ -301,6 +331,15 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class Config:
+    """A whole run's configuration, one section per concern.
+
+    ``explicit`` holds the dotted keys the user gave (in the YAML or with ``--set``),
+    which :func:`config_from_mapping` records; it is not a key of the YAML. A graph
+    that is read (every ``data.name`` but ``synthetic``) takes the settings
+    :mod:`~dgl_scalegnn.train.defaults` derives from it for every key of
+    :data:`~dgl_scalegnn.train.defaults.DERIVED_KEYS` not in ``explicit``.
+    """
+
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -308,10 +347,15 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    explicit: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The sections as nested dictionaries (``explicit`` is not a section)."""
+        return {name: dataclasses.asdict(getattr(self, name)) for name in _SECTIONS}
 
+
+#: The sections of a config file (every field of :class:`Config` but ``explicit``).
+_SECTIONS = ("data", "model", "sampling", "train", "parallel", "optim", "output")
 
 #: Local SpMM kernels that call DGL's sparse operators, which DGL's wheels provide on CPU
 #: only (see :mod:`dgl_scalegnn.parallel.spmm`).
@@ -357,6 +401,7 @@ _CHOICES = {
     "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),
     "optim.lr_schedule": ("constant", "cosine"),
     "model.residual_from": ("input", "aggregated"),
+    "data.feature_norm": ("auto", *FEATURE_NORMS),
 }
 
 
@@ -420,7 +465,9 @@ def _check_parallel(parallel: ParallelConfig) -> None:
     check_kernel_backend(parallel.spmm_kernel, "nccl" if requested == "cuda" else "gloo")
 
 
-def _check_choices_and_ranges(cfg: Config) -> None:
+def check_config(cfg: Config) -> None:
+    """Refuse a value out of its choices or range, or a contradictory pair of values,
+    with a :class:`ConfigError` naming the key (what :func:`config_from_mapping` checks)."""
     for key, allowed in _CHOICES.items():
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
@@ -489,6 +536,15 @@ def _check_choices_and_ranges(cfg: Config) -> None:
         positive("train.eval_at_steps", step)
     if cfg.data.name == "dgl" and not cfg.data.path and not cfg.data.prepared:
         raise ConfigError("data.path: name 'dgl' needs the file written by dgl.save_graphs")
+    for key, default in (("feat_key", "feat"), ("label_key", "label")):
+        value = getattr(cfg.data, key)
+        if value != default and cfg.data.name != "dgl":
+            raise ConfigError(
+                f"data.{key}: got {value!r} with data.name {cfg.data.name!r}; it names the node "
+                f"data of a dgl.save_graphs file (data.name: dgl); remove it for {cfg.data.name}"
+            )
+        if not value:
+            raise ConfigError(f"data.{key}: empty; give the ndata key, e.g. {default!r}")
     syn = cfg.data.synthetic
     positive("data.synthetic.num_nodes", syn.num_nodes, 2)
     positive("data.synthetic.num_classes", syn.num_classes, 2)
@@ -571,7 +627,7 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
 
 def _build(cls: type, mapping: dict[str, Any], prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = set(_SECTIONS) if cls is Config else {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(mapping) - known)
     if unknown:
         where = f"{prefix}." if prefix else ""
@@ -587,10 +643,25 @@ def _build(cls: type, mapping: dict[str, Any], prefix: str) -> Any:
 
 
 def config_from_mapping(mapping: dict[str, Any] | None) -> Config:
-    """Build and validate a :class:`Config` from nested dictionaries."""
+    """Build and validate a :class:`Config` from nested dictionaries; the keys given
+    are recorded as :attr:`Config.explicit`.
+
+    >>> cfg = config_from_mapping({"data": {"name": "cora"}, "optim": {"lr": 0.1}})
+    >>> sorted(cfg.explicit)
+    ['data.name', 'optim.lr']
+    """
     cfg = _build(Config, mapping or {}, "")
-    _check_choices_and_ranges(cfg)
-    return cfg
+    check_config(cfg)
+    return dataclasses.replace(cfg, explicit=frozenset(_dotted_keys(mapping or {})))
+
+
+def _dotted_keys(mapping: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every leaf key of nested ``mapping`` as ``section.key`` (``data.synthetic.seed``)."""
+    keys = []
+    for name, value in mapping.items():
+        key = f"{prefix}{name}"
+        keys += _dotted_keys(value, f"{key}.") if isinstance(value, dict) else [key]
+    return keys
 
 
 class _Loader(yaml.SafeLoader):

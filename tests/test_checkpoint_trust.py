@@ -7,6 +7,7 @@ dataset are refused with what is needed to fix them."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import re
@@ -19,6 +20,7 @@ import torch
 import yaml
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.cli import main as cli_main
+from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.train.checkpoint import (
     CheckpointError,
@@ -360,6 +362,8 @@ def test_checkpoint_of_another_dataset_is_refused_naming_the_shapes(tmp_path, ca
     if other == "dataset":
         path = _dgl_graph_file(tmp_path)
         config["data"] = {"name": "dgl", "path": str(path)}
+        # the checkpoint's model in full: a dgl file takes the GCN derived from it otherwise
+        config["model"] = dataclasses.asdict(ModelConfig(**CONFIG["model"]))
         shapes = r"\(16, 16\) in the checkpoint, \(11, 16\) in this run"
         classes = r"\(16, 4\) in the checkpoint, \(16, 5\) in this run"
         datasets = (

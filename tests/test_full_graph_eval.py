@@ -44,6 +44,17 @@ VARIANTS = {
         "input_projection": False,
         "head": False,
     },
+    # narrower than the features: on one TP rank a batch multiplies by the weight first
+    "kipf2-narrow": {
+        "hidden": 4,
+        "layers": 2,
+        "dropout": 0.3,
+        "norm": False,
+        "residual": False,
+        "input_projection": False,
+        "head": False,
+        "bias": True,
+    },
     "paper3-aggregated-final-norm": {
         "hidden": 13,
         "layers": 3,

@@ -65,7 +65,9 @@ __all__ = [
 METHOD = "graphsaint-node"
 
 #: Settings (``PEER.train``) and their defaults: ``budget`` draws per subgraph (an epoch
-#: is ``ceil(N / budget)`` subgraphs), ``norm_coverage`` pre-sampling for the normalisation.
+#: is ``ceil(N / budget)`` subgraphs), ``norm_coverage`` pre-sampling for the normalisation,
+#: ``normalize`` false trains without it (the mean loss over a subgraph's training
+#: vertices, the subgraph's GCN weights as they are).
 DEFAULTS: dict[str, Any] = {
     "hidden": 128,
     "layers": 2,
@@ -74,6 +76,7 @@ DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.0,
     "budget": 4096,
     "norm_coverage": 50,
+    "normalize": True,
 }
 
 # Subgraphs whose ids are concatenated before one bincount (bounds the temporaries).
@@ -269,6 +272,7 @@ class GraphSAINTBaseline(training.MiniBatchBaseline):
         if budget < 1:
             raise ValueError(f"{METHOD}: budget must be positive, got {budget}")
         num_nodes = self.graph.num_nodes()
+        self.normalize = bool(settings["normalize"])
         self.sampler = dgl.dataloading.SAINTSampler(mode="node", budget=budget)
         self.steps_per_epoch = math.ceil(num_nodes / budget)
         if norm_cache is not None and norm_cache.exists():
@@ -306,11 +310,15 @@ class GraphSAINTBaseline(training.MiniBatchBaseline):
         labelled = loss_norm > 0
         if not bool(labelled.any()):
             return None
-        weight = batch.edata["w"] * self.norm.aggr_norm[batch.edata[dgl.EID]]
+        weight = batch.edata["w"]
+        if self.normalize:
+            weight = weight * self.norm.aggr_norm[batch.edata[dgl.EID]]
         logits = self.model(batch, batch.ndata["feat"], weight)
         per_vertex = F.cross_entropy(
             logits[labelled], batch.ndata["label"][labelled], reduction="none"
         )
+        if not self.normalize:
+            return per_vertex.mean()
         return (per_vertex * loss_norm[labelled]).sum()
 
     def predict(self, ids: torch.Tensor) -> torch.Tensor:

@@ -79,6 +79,9 @@ def cache_settings(cfg: DataConfig) -> dict:
         "name": cfg.name,
         "permutation_seed": cfg.permutation_seed,
         "featureless": cfg.featureless,
+        "feature_norm": cfg.resolved_feature_norm(),
+        "feat_key": cfg.feat_key,
+        "label_key": cfg.label_key,
     }
     if cfg.name == "synthetic":
         settings["synthetic"] = asdict(cfg.synthetic)

@@ -34,13 +34,17 @@ On-disk layouts
     ``torch.load`` with ``weights_only``: neither can run code.
 ``dgl``
     ``data.path``, a file written by ``dgl.save_graphs(path, [g], labels)``; the first
-    graph is used, with ``labels["num_classes"]`` when saved (a one-element tensor such
-    as ``torch.tensor([7])``: DGL 2.1.0 loses the value of a 0-dim tensor). A file that
+    graph is used (its features and labels are ``ndata[data.feat_key]`` and
+    ``ndata[data.label_key]``, by default ``feat`` and ``label``), with
+    ``labels["num_classes"]`` when saved (a one-element tensor such as
+    ``torch.tensor([7])``: DGL 2.1.0 loses the value of a 0-dim tensor). A file that
     does not begin with DGL's magic number is refused before DGL reads it.
 ``synthetic``
     :func:`dgl_scalegnn.data.synthetic.generate` with ``data.synthetic``.
 
-Every loader ends in the same checks and conversions as :func:`dataset_from_graph`.
+Every loader ends in the same checks and conversions as :func:`dataset_from_graph`;
+then the features are scaled by ``data.feature_norm``
+(:mod:`~dgl_scalegnn.data.features`).
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from dgl_scalegnn.config import (
     registry,
 )
 from dgl_scalegnn.data.featureless import recipe_node_data
+from dgl_scalegnn.data.features import column_moments, scale_features, scaled_source
 from dgl_scalegnn.data.graph import REQUIRED_NDATA, DatasetError, NodeDataset
 from dgl_scalegnn.data.source import GraphSource, source_from_dataset
 
@@ -258,7 +263,8 @@ def load_dataset(cfg: DataConfig) -> NodeDataset:
     cfg : DataConfig
         ``name`` picks the loader; ``root`` (or ``$SCALEGNN_DATA_ROOT``) is where the
         public datasets lie, ``path`` the file of ``name: dgl``, ``synthetic`` the
-        generator's settings. The layouts are in the module docstring.
+        generator's settings, ``feature_norm`` how the features are scaled
+        (:mod:`~dgl_scalegnn.data.features`). The layouts are in the module docstring.
 
     Returns
     -------
@@ -280,6 +286,11 @@ def load_dataset(cfg: DataConfig) -> NodeDataset:
         dataset.graph.ndata.update(
             recipe_node_data(dataset.graph, cfg.permutation_seed, with_labels=False)
         )
+    norm = cfg.resolved_feature_norm()
+    if norm != "none":
+        features = dataset.graph.ndata["feat"].numpy()
+        moments = column_moments([features]) if norm == "standardize" else None
+        dataset.graph.ndata["feat"] = torch.from_numpy(scale_features(features, norm, moments))
     return dataset
 
 
@@ -293,8 +304,8 @@ def load_source(cfg: DataConfig) -> GraphSource:
     if cfg.name == "synthetic":
         from dgl_scalegnn.data.synthetic import synthetic_source
 
-        return synthetic_source(_synthetic_config(cfg))
-    return source_from_dataset(load_dataset(cfg))
+        return scaled_source(synthetic_source(_synthetic_config(cfg)), cfg.resolved_feature_norm())
+    return source_from_dataset(load_dataset(cfg))  # scaled by load_dataset
 
 
 def source_files(cfg: DataConfig) -> list[Path]:
@@ -608,12 +619,29 @@ def _load_dgl_file(cfg: DataConfig) -> NodeDataset:
             f"({_first_line(error)}); {fix}"
         ) from None
     num_classes = _saved_num_classes(saved, path)
-    graph = graphs[0]
+    graph = _renamed_node_data(graphs[0], cfg, path)
     if cfg.featureless and not {"feat", "label"} <= set(graph.ndata):
         # The recipe stands in for what the graph lacks; load_dataset draws the features.
         recipe = recipe_node_data(graph, cfg.permutation_seed, "label" not in graph.ndata)
         graph.ndata.update({k: v for k, v in recipe.items() if k not in graph.ndata})
     return _to_node_dataset(graph, cfg.name, num_classes, f"file {str(path)!r}")
+
+
+def _renamed_node_data(graph: dgl.DGLGraph, cfg: DataConfig, path: Path) -> dgl.DGLGraph:
+    """``graph`` with ``ndata[cfg.feat_key]`` as ``feat`` and ``ndata[cfg.label_key]`` as
+    ``label`` (the keys the loader checks), when the user named other keys."""
+    for key, wanted in (("feat_key", "feat"), ("label_key", "label")):
+        named = getattr(cfg, key)
+        if named == wanted:
+            continue
+        if named not in graph.ndata:
+            present = ", ".join(repr(k) for k in graph.ndata) or "none"
+            raise DatasetError(
+                f"file {str(path)!r}: data.{key} is {named!r}, but the graph has no such node "
+                f"data (its ndata keys: {present}); set data.{key} to one of them"
+            )
+        graph.ndata[wanted] = graph.ndata.pop(named)
+    return graph
 
 
 #: The first bytes of a ``dgl.save_graphs`` file (``kDGLSerializeMagic``, little-endian).

@@ -243,16 +243,27 @@ class GCNLayer(nn.Module):
         never whole.
         """
         cfg, runtime, widths = self.cfg, self.runtime, self.widths
-        aggregated, aggregated_spec = parallel_spmm(x, adjacency, spec, runtime)
-        if projection is not None:
-            if runtime.grid.shape.tp_size != 1:
-                raise ValueError("the projection folds into a layer on one TP rank only")
-            with runtime.profiler.region("gemm"):
-                aggregated = projection.project_aggregated(aggregated, adjacency)
-            aggregated_spec = aggregated_spec.with_layout(aggregated_spec.layout, cfg.hidden)
-        hidden, out_spec = parallel_linear(
-            aggregated, self.weight, aggregated_spec, widths.width_out, runtime
-        )
+        if self._weight_first(x, adjacency, projection):
+            # (Ã X) W = Ã (X W), the SpMM on the narrower side (DGL's GraphConv order);
+            # one TP rank: every layout is the whole matrix and no collective runs.
+            projected, _ = parallel_linear(x, self.weight, spec, widths.width_out, runtime)
+            narrow = spec.with_layout(spec.layout, widths.width_out)
+            hidden = parallel_spmm(projected, adjacency, narrow, runtime)[0]
+            aggregated_spec = spec.with_layout(spec.layout.after_spmm())
+            out_spec = aggregated_spec.with_layout(
+                aggregated_spec.layout.after_linear(), widths.width_out
+            )
+        else:
+            aggregated, aggregated_spec = parallel_spmm(x, adjacency, spec, runtime)
+            if projection is not None:
+                if runtime.grid.shape.tp_size != 1:
+                    raise ValueError("the projection folds into a layer on one TP rank only")
+                with runtime.profiler.region("gemm"):
+                    aggregated = projection.project_aggregated(aggregated, adjacency)
+                aggregated_spec = aggregated_spec.with_layout(aggregated_spec.layout, cfg.hidden)
+            hidden, out_spec = parallel_linear(
+                aggregated, self.weight, aggregated_spec, widths.width_out, runtime
+            )
         hidden = add_bias(hidden, self.bias, out_spec, runtime)
         if widths.outputs_classes:
             return hidden, out_spec
@@ -282,6 +293,23 @@ class GCNLayer(nn.Module):
             profiler=runtime.profiler,
         )
         return out, out_spec
+
+    def _weight_first(
+        self, x: torch.Tensor, adjacency: LocalSpMM, projection: InputProjection | None
+    ) -> bool:
+        """Whether to multiply by the weight before aggregating: on one TP rank, for a
+        layer that reads the features (no gradient, no projection, no residual) into
+        fewer columns, when the block's output rows are all its input rows (training, or
+        an evaluation in one chunk: with several, each chunk would project every row)."""
+        widths = self.widths
+        return (
+            self.runtime.grid.shape.tp_size == 1
+            and projection is None
+            and not x.requires_grad
+            and not widths.residual
+            and widths.width_out < widths.width_in
+            and adjacency.num_rows == x.shape[0]
+        )
 
     @staticmethod
     def cost(

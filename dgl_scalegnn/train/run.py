@@ -38,6 +38,12 @@ from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.distributed.watchdog import Watchdog, is_communication_error
 from dgl_scalegnn.profiling import Profiler
+from dgl_scalegnn.train.defaults import (
+    GraphShape,
+    agreed_available_bytes,
+    apply_graph_defaults,
+    startup_lines,
+)
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 
@@ -46,6 +52,7 @@ __all__ = [
     "start_session",
     "end_session",
     "load_graph",
+    "with_graph_defaults",
     "run_training",
     "versions",
 ]
@@ -83,6 +90,29 @@ def load_graph(cfg: Config, session: Session | None = None) -> PreparedGraph:
         return prepare_in_memory(load_dataset(data), data.permutation_seed)
     store = session.watchdog.store
     return open_prepared(shared_prepared_directory(data, store, session.launch.local_rank))
+
+
+def with_graph_defaults(
+    cfg: Config, graph: PreparedGraph, device: torch.device, metrics: MetricsWriter
+) -> Config:
+    """``cfg`` with the settings derived from ``graph`` for every key it does not set
+    (:mod:`~dgl_scalegnn.train.defaults`; none for the synthetic generator). Rank 0 says
+    each on stdout, with why, and records them as a ``derived`` event."""
+    if cfg.data.name == "synthetic":
+        return cfg
+    meta = graph.meta
+    shape = GraphShape(meta.num_nodes, meta.nnz, meta.num_features, meta.num_classes)
+    resolved, derived = apply_graph_defaults(cfg, shape, agreed_available_bytes(device))
+    if derived and metrics.enabled:
+        print("scalegnn: settings derived from the graph (the config does not set them):")
+        for line in startup_lines(derived):
+            print(f"  {line}", flush=True)
+        metrics.write(
+            "derived",
+            settings={d.key: d.value for d in derived},
+            reasons={d.key: d.reason for d in derived},
+        )
+    return resolved
 
 
 @dataclass(frozen=True)
@@ -176,6 +206,7 @@ def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]
         )
         try:
             graph = load_graph(cfg, session)
+            cfg = with_graph_defaults(cfg, graph, session.device, metrics)
             trainer = Trainer(cfg, graph, runtime, metrics, session.device)
             return trainer.fit()
         finally:

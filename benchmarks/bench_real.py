@@ -1,0 +1,292 @@
+"""``make bench-real``: every real graph against DGL's recipes, 10 seeds, one table.
+
+For every graph of :mod:`benchmarks.real_graphs` (saved with ``dgl.save_graphs``, as a
+user would hand it over) and seeds 0-9, test accuracy at the best validation epoch and
+training time (evaluation excluded) of:
+
+``ours, defaults``
+    ``scalegnn train --data GRAPH.bin`` in this process: a config with only ``data``,
+    so every setting is the one derived from the graph (:mod:`dgl_scalegnn.train.defaults`).
+``ours, paper model``
+    The same with the paper's model as ``yaml/cora-paper.yaml`` shapes and regularises
+    it (input projection, RMSNorm with ``rms_eps`` 1, the aggregated residual, head,
+    biases; dropout 0.7 and input dropout 0.9, weight decay 2e-3, lr 0.005 cosine),
+    the batch and epochs still derived.
+``DGL GraphConv``, ``DGL SAGEConv``
+    DGL's standard full-batch recipes (:mod:`benchmarks.baselines.dgl_recipes`).
+``GraphSAINT-node``
+    :mod:`benchmarks.baselines.graphsaint` on rows scaled to sum 1, its budget and its
+    normalisation (on or off) swept on every graph (seeds 0-2, best mean validation)
+    before the 10 seeds.
+
+Runs go two at a time, one core each. Writes ``benchmarks/results/bench_real.{md,json}``.
+``python -m benchmarks.bench_real [--seeds 0 1 ...] [--graphs cora ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks import real_graphs
+from benchmarks.baselines import dgl_recipes, graphsaint, training
+from benchmarks.bench_defaults import scaled
+from benchmarks.common import RESULTS, write_results
+from dgl_scalegnn.config import config_from_mapping
+
+__all__ = ["PAPER_MODEL", "METHODS", "saint_grid", "main"]
+
+#: ``model`` and ``optim`` of the paper's model (yaml/cora-paper.yaml's).
+PAPER_MODEL: dict[str, dict[str, Any]] = {
+    "model": {
+        "hidden": 128,
+        "layers": 2,
+        "dropout": 0.7,
+        "input_dropout": 0.9,
+        "norm": True,
+        "rms_eps": 1.0,
+        "residual": True,
+        "residual_from": "aggregated",
+        "input_projection": True,
+        "head": True,
+        "bias": True,
+    },
+    "optim": {"lr": 0.005, "weight_decay": 2e-3, "lr_schedule": "cosine"},
+}
+
+METHODS = ("ours, defaults", "ours, paper model", "DGL GraphConv", "DGL SAGEConv", "GraphSAINT")
+#: The reference of the goal: the defaults reach its mean test accuracy minus this.
+GOAL_POINTS = 1.0
+
+
+def saint_grid(num_nodes: int) -> list[dict[str, Any]]:
+    """GraphSAINT-node's settings to sweep on a graph of ``num_nodes`` vertices: budgets
+    of a third and two thirds of the vertices, with and without its normalisation;
+    hidden 64, dropout 0.2, lr 0.01, weight decay 5e-4 (its best on Cora)."""
+    return [
+        {
+            "budget": max(1, round(num_nodes * share)),
+            "normalize": normalize,
+            "hidden": 64,
+            "dropout": 0.2,
+            "lr": 0.01,
+            "weight_decay": 5e-4,
+        }
+        for share in (1 / 3, 2 / 3)
+        for normalize in (True, False)
+    ]
+
+
+def _worker_init() -> None:
+    """Each worker on its own core, one torch thread."""
+    cores = sorted(os.sched_getaffinity(0))
+    identity = multiprocessing.current_process()._identity
+    os.sched_setaffinity(0, {cores[((identity[0] - 1) if identity else 0) % len(cores)]})
+    torch.set_num_threads(1)
+    os.environ.setdefault("SCALEGNN_CACHE_DIR", tempfile.mkdtemp(prefix="scalegnn-cache-"))
+
+
+def _ours(path: str, seed: int, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``scalegnn train --data path`` (plus ``extra`` sections) with seed ``seed``."""
+    from dgl_scalegnn.train.run import run_training
+
+    mapping = {
+        "data": {"name": "dgl", "path": path},
+        "train": {"seed": seed, "progress": False},
+        "sampling": {"seed": seed},
+        **{section: dict(values) for section, values in extra.items()},
+    }
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = run_training(config_from_mapping(mapping))
+    return {
+        "val": summary["best_val_acc"],
+        "test": summary["test_at_best_val"],
+        "train_s": summary["train_s"],
+    }
+
+
+def _peer(
+    method: training.Method,
+    graph: str,
+    settings: Mapping[str, Any],
+    seed: int,
+    norm: str | None = None,
+) -> dict[str, Any]:
+    dataset = real_graphs.load(graph)
+    if norm is not None:
+        dataset = scaled(dataset, norm)
+    result = method.train(dataset, settings, seed, max_epochs=200)
+    return {
+        "val": result["best_val_acc"],
+        "test": result["test_at_best_val"],
+        "train_s": result["history"][-1]["train_s"],
+    }
+
+
+def _saint(graph: str, settings: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    return _peer(graphsaint.PEER, graph, settings, seed, norm="row")
+
+
+def _submit_all(
+    pool: ProcessPoolExecutor, graphs: Sequence[str], seeds: Sequence[int], files: Mapping[str, str]
+) -> dict[tuple[str, str, int], Future]:
+    jobs: dict[tuple[str, str, int], Future] = {}
+    for graph in graphs:
+        for seed in seeds:
+            jobs[(graph, "ours, defaults", seed)] = pool.submit(_ours, files[graph], seed, {})
+            jobs[(graph, "ours, paper model", seed)] = pool.submit(
+                _ours, files[graph], seed, PAPER_MODEL
+            )
+            jobs[(graph, "DGL GraphConv", seed)] = pool.submit(
+                _peer, dgl_recipes.GRAPHCONV, graph, {}, seed
+            )
+            jobs[(graph, "DGL SAGEConv", seed)] = pool.submit(
+                _peer, dgl_recipes.SAGECONV, graph, {}, seed
+            )
+    return jobs
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if array.size > 1 else 0.0}
+
+
+def _summarise(runs: Mapping[tuple[str, str, int], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    for (graph, method, _), result in sorted(runs.items()):
+        table.setdefault(graph, {}).setdefault(method, []).append(result)
+    return {
+        graph: {
+            method: {key: _stats([r[key] for r in results]) for key in ("val", "test", "train_s")}
+            for method, results in methods.items()
+        }
+        for graph, methods in table.items()
+    }
+
+
+def _markdown(
+    summary: Mapping[str, Any], saint: Mapping[str, Any], seeds: Sequence[int], minutes: float
+) -> str:
+    lines = [
+        "# Real graphs: our defaults against DGL's recipes",
+        "",
+        f"`make bench-real` (`python -m benchmarks.bench_real`): seeds {seeds[0]}-{seeds[-1]}, "
+        "test accuracy at the best validation epoch (mean ± std, %) and training seconds "
+        "(evaluation excluded, one core each, two runs at a time on 2 cores). Goal: the "
+        f"defaults reach DGL GraphConv's mean test accuracy minus {GOAL_POINTS:g} point.",
+        "",
+        "| graph | " + " | ".join(METHODS) + " | defaults − GraphConv | goal |",
+        "|---|" + "---|" * (len(METHODS) + 2),
+    ]
+    for graph, methods in summary.items():
+        cells = []
+        for method in METHODS:
+            s = methods[method]
+            cells.append(
+                f"{100 * s['test']['mean']:.1f} ± {100 * s['test']['std']:.1f} "
+                f"({s['train_s']['mean']:.1f} s)"
+            )
+        gap = 100 * (
+            methods["ours, defaults"]["test"]["mean"] - methods["DGL GraphConv"]["test"]["mean"]
+        )
+        lines.append(
+            f"| {graph} | "
+            + " | ".join(cells)
+            + f" | {gap:+.1f} | "
+            + ("met" if gap >= -GOAL_POINTS else "**missed**")
+            + " |"
+        )
+    lines += [
+        "",
+        "Validation accuracy (mean, %):",
+        "",
+        "| graph | " + " | ".join(METHODS) + " |",
+        "|---|" + "---|" * len(METHODS),
+    ]
+    for graph, methods in summary.items():
+        lines.append(
+            f"| {graph} | "
+            + " | ".join(f"{100 * methods[m]['val']['mean']:.1f}" for m in METHODS)
+            + " |"
+        )
+    lines += ["", "GraphSAINT-node's settings (best mean validation of its sweep, seeds 0-2):", ""]
+    lines += [f"- {graph}: `{settings}`" for graph, settings in saint.items()]
+    lines += ["", f"{minutes:.1f} minutes on 2 cores."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    parser.add_argument("--graphs", nargs="+", default=list(real_graphs.GRAPHS))
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    pool = ProcessPoolExecutor(
+        args.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-real-") as work:
+        files = {g: str(real_graphs.save(g, Path(work) / f"{g}.bin")) for g in args.graphs}
+        try:
+            sweep = {
+                (graph, index, seed): pool.submit(_saint, graph, settings, seed)
+                for graph in args.graphs
+                for index, settings in enumerate(saint_grid(real_graphs.load(graph).num_nodes))
+                for seed in args.seeds[:3]
+            }
+            jobs = _submit_all(pool, args.graphs, args.seeds, files)
+            saint = {}
+            for graph in args.graphs:
+                grid = saint_grid(real_graphs.load(graph).num_nodes)
+                val = [
+                    np.mean([sweep[(graph, i, s)].result()["val"] for s in args.seeds[:3]])
+                    for i in range(len(grid))
+                ]
+                saint[graph] = grid[int(np.argmax(val))]
+                for seed in args.seeds:
+                    jobs[(graph, "GraphSAINT", seed)] = pool.submit(
+                        _saint, graph, saint[graph], seed
+                    )
+            runs = {}
+            for key, future in jobs.items():
+                runs[key] = future.result()
+                print(
+                    f"{key[0]:14s} {key[1]:18s} seed {key[2]}: val {runs[key]['val']:.4f} "
+                    f"test {runs[key]['test']:.4f} ({runs[key]['train_s']:.1f} s)",
+                    flush=True,
+                )
+        finally:
+            pool.shutdown(cancel_futures=True)
+    summary = _summarise(runs)
+    minutes = (time.perf_counter() - start) / 60
+    write_results(
+        "bench_real",
+        {
+            "seeds": args.seeds,
+            "summary": summary,
+            "graphsaint": saint,
+            "paper_model": PAPER_MODEL,
+            "minutes": minutes,
+        },
+    )
+    text = _markdown(summary, saint, args.seeds, minutes)
+    (RESULTS / "bench_real.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
