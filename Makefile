@@ -7,7 +7,7 @@ NP ?= 4
 GRID ?= 1x1x2x2
 CONFIG ?= yaml/synthetic.yaml
 
-.PHONY: install test test-gpu gpu-check run lint bench bench-scale clean
+.PHONY: install test test-gpu gpu-check run lint bench bench-scale bench-real clean
 
 # torch first, pinned. On Linux PyPI's torch==2.13.0 is the CUDA 13 build (GBs, driver
 # >= 580: docs/gpu.md); pip takes a CPU build (2.13.0+cpu) where its find-links or index
@@ -60,6 +60,11 @@ bench:
 # sweeps (also part of `make bench` then). SCALEGNN_BENCH_SCALE_NODES shrinks both graphs.
 bench-scale:
 	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_scale
+
+# Every real graph of benchmarks/data/real: our defaults and the paper's model against DGL's
+# GraphConv and SAGEConv recipes and GraphSAINT-node, 10 seeds (benchmarks/results/bench_real.md).
+bench-real:
+	OMP_WAIT_POLICY=passive $(PY) -m benchmarks.bench_real
 
 clean:
 	rm -rf runs .pytest_cache

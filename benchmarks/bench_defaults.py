@@ -76,6 +76,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "no bias": {"bias": False},
     "lr 0.005 cosine": {"lr": 0.005, "lr_schedule": "cosine"},
     "lr 0.01 cosine": {"lr_schedule": "cosine"},
+    "hidden 128, input dropout 0.5": {"hidden": 128, "input_dropout": 0.5},
+    "hidden 128, input dropout 0.5, lr 0.01 cosine": {
+        "hidden": 128,
+        "input_dropout": 0.5,
+        "lr_schedule": "cosine",
+    },
     "paper model": PAPER,
     "paper model, cora-paper regularisation": {
         **PAPER,
@@ -185,22 +191,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--graphs", nargs="+", default=list(real_graphs.GRAPHS))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the runs of the last sweep's log"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.settings}
+    log = RESULTS / "defaults_sweep.jsonl.tmp"
+    done = set()
+    if args.resume and log.exists():
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            name = record.pop("setting")
+            if name in runs:
+                runs[name].append(record)
+                done.add((name, record["graph"], record["seed"]))
     jobs = [
         (name, graph, seed)
         for graph in args.graphs  # the large graphs first: the pool ends on small runs
         for name in args.settings
         for seed in args.seeds
+        if (name, graph, seed) not in done
     ]
     pool = ProcessPoolExecutor(
         args.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_pin_to_one_core
     )
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.settings}
-    log = RESULTS / "defaults_sweep.jsonl.tmp"
     try:
         futures = {job: pool.submit(train_one, job[1], SETTINGS[job[0]], job[2]) for job in jobs}
-        with log.open("w") as handle:
+        with log.open("a" if args.resume else "w") as handle:
             for (name, graph, seed), future in futures.items():
                 result = future.result()
                 runs[name].append(result)
