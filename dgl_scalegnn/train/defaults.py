@@ -135,9 +135,9 @@ def full_batch_bytes(shape: GraphShape, hidden: int, layers: int) -> int:
     return activations + 2 * 12 * shape.nnz
 
 
-def available_bytes(device: torch.device | str = "cpu") -> int:
+def available_bytes(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:
     """Memory this rank may use: free GPU memory on CUDA, else the node's available
-    memory (``MemAvailable``) shared by the ranks on the node."""
+    memory (``MemAvailable``) shared by the ``local_ranks`` ranks on the node."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
@@ -147,16 +147,14 @@ def available_bytes(device: torch.device | str = "cpu") -> int:
         total = int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    local = int(
-        os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or 1
-    )
-    return total // max(local, 1)
+    return total // max(local_ranks, 1)
 
 
-def agreed_available_bytes(device: torch.device | str = "cpu") -> int:
+def agreed_available_bytes(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:
     """:func:`available_bytes`, the least over every rank (one all-reduce), so that every
     rank derives the same settings."""
-    mine = torch.tensor([float(available_bytes(device))], device=torch.device(device))
+    mine = available_bytes(device, local_ranks)
+    mine = torch.tensor([float(mine)], device=torch.device(device))
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(mine, op=dist.ReduceOp.MIN)
     return int(mine.item())

@@ -93,7 +93,7 @@ def load_graph(cfg: Config, session: Session | None = None) -> PreparedGraph:
 
 
 def with_graph_defaults(
-    cfg: Config, graph: PreparedGraph, device: torch.device, metrics: MetricsWriter
+    cfg: Config, graph: PreparedGraph, session: Session, metrics: MetricsWriter
 ) -> Config:
     """``cfg`` with the settings derived from ``graph`` for every key it does not set
     (:mod:`~dgl_scalegnn.train.defaults`; none for the synthetic generator). Rank 0 says
@@ -102,7 +102,9 @@ def with_graph_defaults(
         return cfg
     meta = graph.meta
     shape = GraphShape(meta.num_nodes, meta.nnz, meta.num_features, meta.num_classes)
-    resolved, derived = apply_graph_defaults(cfg, shape, agreed_available_bytes(device))
+    local_ranks = session.launch.local_world_size or 1
+    available = agreed_available_bytes(session.device, local_ranks)
+    resolved, derived = apply_graph_defaults(cfg, shape, available)
     if derived and metrics.enabled:
         print("scalegnn: settings derived from the graph (the config does not set them):")
         for line in startup_lines(derived):
@@ -206,7 +208,7 @@ def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]
         )
         try:
             graph = load_graph(cfg, session)
-            cfg = with_graph_defaults(cfg, graph, session.device, metrics)
+            cfg = with_graph_defaults(cfg, graph, session, metrics)
             trainer = Trainer(cfg, graph, runtime, metrics, session.device)
             return trainer.fit()
         finally:
