@@ -502,3 +502,25 @@ def test_the_peer_comparison_trains_cora_as_shipped(index, config):
         shipped.optim.lr_schedule,
         shipped.train.epochs,
     )
+
+
+def test_results_in_git_are_summaries_and_the_whole_results_stay_beside_them(tmp_path, monkeypatch):
+    """Per-epoch logs go to results/raw/ (ignored by git), the summary keeps the rest."""
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "benchmarks" / "results")
+    monkeypatch.setattr(common, "RAW_RESULTS", common.RESULTS / "raw")
+    history = [{"epoch": e, "val_acc": e / 100} for e in range(40)]
+    curve = list(range(200))
+    payload = {"runs": {"ours": {"test_acc": 0.8, "history": history, "curve": curve}}}
+    summary = json.loads(common.write_results("demo", payload).read_text())
+    whole = json.loads((common.RAW_RESULTS / "demo.json").read_text())
+    assert whole["runs"]["ours"]["history"] == history and whole["runs"]["ours"]["curve"] == curve
+    ours = summary["runs"]["ours"]
+    assert ours["test_acc"] == 0.8
+    assert ours["history"] == {"omitted": "40 entries", "see": "benchmarks/results/raw/demo.json"}
+    assert ours["curve"]["omitted"] == "200 entries"
+    ignored = subprocess.run(
+        ["git", "check-ignore", "benchmarks/results/raw/demo.json"], cwd=ROOT, capture_output=True
+    )
+    assert ignored.returncode == 0  # git ignores the whole results
