@@ -12,6 +12,8 @@ CONFIG ?= yaml/synthetic.yaml
 # torch first, pinned. On Linux PyPI's torch==2.13.0 is the CUDA 13 build (GBs, driver
 # >= 580: docs/gpu.md); pip takes a CPU build (2.13.0+cpu) where its find-links or index
 # offer one, or from TORCH_INDEX, e.g. make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# The last line writes the start-up hook that makes plain `import dgl` work on this torch
+# (dgl_scalegnn/_dgl.py says why).
 TORCH_INDEX ?=
 install:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +21,7 @@ install:
 	$(PIP) install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-deps --no-build-isolation -e .
+	$(PY) -c "from dgl_scalegnn._dgl import write_startup_hook; print(write_startup_hook())"
 
 test: lint
 	$(PY) -m pytest -q

@@ -1,4 +1,4 @@
-"""The one DGL import module makes `import dgl` work on this torch, and kernels run."""
+"""Plain `import dgl` works on this torch (the start-up hook), and so do DGL's kernels."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import sys
 
 import torch
 
-from dgl_scalegnn._dgl import dgl, graphbolt_stubbed
+from dgl_scalegnn._dgl import (
+    GraphboltPlaceholderFinder,
+    dgl,
+    graphbolt_stubbed,
+    write_startup_hook,
+)
 
 
 def test_dgl_ops_kernels_run_through_the_shim():
@@ -37,18 +42,94 @@ def test_shim_is_the_only_import_of_dgl_in_the_package():
     assert offenders == []
 
 
-def test_plain_import_fails_without_the_shim_and_works_with_it():
-    """Guards the reason the shim exists: if a future DGL fixes it, this tells us."""
-    plain = subprocess.run([sys.executable, "-c", "import dgl"], capture_output=True, text=True)
-    if graphbolt_stubbed():
-        assert plain.returncode != 0 and "graphbolt" in plain.stderr
-    shimmed = subprocess.run(
-        [sys.executable, "-c", "from dgl_scalegnn._dgl import dgl; print(dgl.__version__)"],
-        capture_output=True,
-        text=True,
+#: A DGL user's script, as DGL's examples write it: plain ``import dgl``, a graph saved
+#: and loaded, a GraphConv trained on it.
+_DGL_EXAMPLE = """
+import sys
+import torch
+import torch.nn.functional as F
+import dgl
+from dgl.nn import GraphConv
+
+g = dgl.add_self_loop(dgl.graph(([0, 1, 2, 3], [1, 2, 3, 0]), num_nodes=4))
+g.ndata["feat"] = torch.eye(4)
+g.ndata["label"] = torch.tensor([0, 1, 0, 1])
+dgl.save_graphs(sys.argv[1], [g], {"num_classes": torch.tensor([2])})
+(graph,), saved = dgl.load_graphs(sys.argv[1])
+torch.manual_seed(0)
+conv = GraphConv(4, 2)
+optimizer = torch.optim.Adam(conv.parameters(), lr=0.1)
+losses = []
+for _ in range(30):
+    loss = F.cross_entropy(conv(graph, graph.ndata["feat"]), graph.ndata["label"])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    losses.append(loss.item())
+print(graph.num_nodes(), graph.num_edges(), int(saved["num_classes"][0]), losses[-1] < losses[0])
+"""
+
+
+def _fresh_python(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
     )
-    assert shimmed.returncode == 0, shimmed.stderr
-    assert shimmed.stdout.strip() == "2.1.0"
+
+
+def test_plain_import_dgl_runs_a_dgl_example_script(tmp_path):
+    result = _fresh_python(_DGL_EXAMPLE, str(tmp_path / "graph.bin"))
+    assert result.returncode == 0, f"run `make install` (it writes the hook):\n{result.stderr}"
+    assert result.stdout.split() == ["4", "8", "2", "True"]
+
+
+def test_plain_import_dgl_after_the_package_and_the_placeholder_explains_itself():
+    code = (
+        "import dgl_scalegnn.cli, dgl, dgl.graphbolt\n"
+        "from dgl_scalegnn._dgl import graphbolt_stubbed\n"
+        "try:\n    dgl.graphbolt.ItemSampler\nexcept AttributeError as error:\n    print(error)\n"
+        "print(dgl.__version__, graphbolt_stubbed())"
+    )
+    result = _fresh_python(code)
+    assert result.returncode == 0, result.stderr
+    if graphbolt_stubbed():  # DGL 2.1.0 on a torch it ships no graphbolt library for
+        reason, versions = result.stdout.splitlines()
+        assert reason.startswith("dgl.graphbolt.ItemSampler is unavailable: DGL has no graphbolt")
+        assert versions == "2.1.0 True"
+
+
+def test_start_up_hook_imports_neither_torch_nor_dgl():
+    """Every interpreter of the environment runs the hook: it may cost no import of note."""
+    code = (
+        "import sys\n"
+        "from dgl_scalegnn._dgl import GraphboltPlaceholderFinder as finder\n"
+        "print(any(isinstance(f, finder) for f in sys.meta_path), "
+        "sorted({'torch', 'dgl', 'numpy'} & set(sys.modules)))"
+    )
+    result = _fresh_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True []"
+
+
+def test_start_up_hook_is_silent_once_the_package_is_gone(tmp_path):
+    """pip does not remove a file it did not install: the hook must then do nothing."""
+    write_startup_hook(str(tmp_path))
+    code = f"import site, sys; site.addsitedir({str(tmp_path)!r}); print(len(sys.meta_path))"
+    bare = subprocess.run(  # -I -S: no site-packages, so dgl_scalegnn is not importable
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert (bare.returncode, bare.stderr) == (0, "")
+
+
+def test_finder_gives_the_placeholder_only_where_the_library_is_missing(tmp_path):
+    finder = GraphboltPlaceholderFinder()
+    (tmp_path / "graphbolt").mkdir()
+    spec = finder.find_spec("dgl.graphbolt", [str(tmp_path)])
+    assert spec is not None and spec.name == "dgl.graphbolt"
+    version = torch.__version__.split("+")[0]
+    (tmp_path / "graphbolt" / f"libgraphbolt_pytorch_{version}.so").touch()
+    assert finder.find_spec("dgl.graphbolt", [str(tmp_path)]) is None
+    assert finder.find_spec("dgl", None) is None
+    assert finder.find_spec("dgl.sparse", [str(tmp_path)]) is None
 
 
 _GLOBAL_STATE = """
