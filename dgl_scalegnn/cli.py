@@ -105,6 +105,14 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from dgl_scalegnn.train.plan import plan_report
+
+    cfg = load_config(args.config, list(args.set or []))
+    print("\n".join(plan_report(cfg, args.gpus, args.gpu, args.top)))
+    return 0
+
+
 def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
     """``work(coordinator)`` on this process, or on every rank of an ``mpirun``/``srun``/
     ``torchrun`` launch with a watchdog: a rank that fails stops all, which say its
@@ -171,6 +179,28 @@ def _parser() -> argparse.ArgumentParser:
         "peak adds ~50 bytes per vertex and what the dataset loader holds",
     )
     prepare.set_defaults(handler=_prepare)
+
+    plan = commands.add_parser(
+        "plan",
+        help="rank the grid shapes of N GPUs for a config by the cost model",
+        description="Rank every grid shape GdxGxxGyxGz of --gpus ranks for the config by the "
+        "cost model's epoch time (then evaluation time, then memory a rank), mark the ones "
+        "that do not fit a rank's memory, and say why the first wins.",
+        epilog="example:\n  scalegnn plan --config yaml/ogbn-products.yaml --gpus 8 --gpu a100",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plan.add_argument("--config", help="YAML config file (defaults for anything it omits)")
+    plan.add_argument("--gpus", type=int, required=True, metavar="N", help="number of ranks")
+    plan.add_argument(
+        "--gpu",
+        choices=("a100", "h100", "cpu"),
+        default="a100",
+        help="the machines' rates: a100 (4 a node), h100 (8 a node), cpu (nodes like this "
+        "one, a rank a core); default a100",
+    )
+    plan.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
+    plan.add_argument("--top", type=int, default=10, help="grids to list (default 10)")
+    plan.set_defaults(handler=_plan)
     return parser
 
 

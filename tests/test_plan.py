@@ -1,0 +1,120 @@
+"""scalegnn plan: grid shapes ranked by the cost model, computed here directly."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.cli import main
+from dgl_scalegnn.config import load_config
+from dgl_scalegnn.core.grid_shape import GridShape
+from dgl_scalegnn.data.normalize import gcn_normalize
+from dgl_scalegnn.perfmodel import Hardware, Workload, memory_bytes, step_time
+from dgl_scalegnn.train.defaults import GraphShape, apply_graph_defaults
+from dgl_scalegnn.train.plan import MACHINES, Machine, machine, plan_lines, rank_grids
+from tests.helpers import random_dataset
+
+WORK = Workload(
+    num_nodes=20_000,
+    nnz=220_000,
+    batch_size=2_500,
+    in_features=64,
+    hidden=128,
+    num_classes=8,
+    layers=3,
+)
+
+
+def _every_shape(ranks: int) -> set[str]:
+    return {
+        f"{d}x{x}x{y}x{z}"
+        for d, x, y, z in itertools.product(range(1, ranks + 1), repeat=4)
+        if d * x * y * z == ranks
+    }
+
+
+def test_ranking_of_four_gpus_is_the_cost_model_epoch_time():
+    # four A100s share a node: every group at the node's bandwidth, TF32 products
+    hardware = Hardware(
+        bandwidth=dict.fromkeys(("x", "y", "z", "tp", "dp"), 150e9),
+        latency_s=15e-6,
+        gemm_flops=156e12,
+        memory_bw=1.55e12,
+    )
+    expected = {}
+    for spec in _every_shape(4):
+        shape = GridShape.parse(spec)
+        steps = math.ceil(math.ceil(WORK.num_nodes / WORK.batch_size) / shape.dp)
+        expected[spec] = steps * sum(step_time(WORK, shape, hardware).values())
+    plans = rank_grids(WORK, 4, MACHINES["a100"], tf32=True)
+    assert [str(p.grid) for p in plans] == sorted(expected, key=lambda s: (expected[s], s))
+    for plan in plans:
+        assert abs(plan.epoch_s - expected[str(plan.grid)]) <= 1e-12 * expected[str(plan.grid)]
+        assert plan.fits
+
+
+def test_groups_across_nodes_get_the_network_bandwidth():
+    hardware = MACHINES["a100"].hardware(GridShape.parse("1x2x2x2"), tf32=False)
+    # rank 0's groups: x {0, 1} and y {0, 2} in node 0-3; z {0, 4} and the TP grid span two
+    assert hardware.bandwidth == {"x": 150e9, "y": 150e9, "z": 25e9, "tp": 25e9, "dp": 150e9}
+    assert hardware.gemm_flops == 19.5e12
+
+
+def test_grids_that_do_not_fit_a_rank_are_marked_and_ranked_last():
+    sizes = {s: sum(memory_bytes(WORK, GridShape.parse(s)).values()) for s in _every_shape(8)}
+    capacity = sorted(sizes.values())[len(sizes) // 2] / 0.9  # about half the grids fit
+    small = Machine("a100", 4, 150e9, 25e9, 15e-6, 19.5e12, 156e12, 1.55e12, capacity)
+    plans = rank_grids(WORK, 8, small, tf32=True)
+    fitting = {s for s, size in sizes.items() if size <= 0.9 * capacity}
+    assert 0 < len(fitting) < len(sizes)
+    assert [str(p.grid) in fitting for p in plans] == sorted(
+        (s in fitting for s in sizes), reverse=True
+    )
+    lines = plan_lines(plans, WORK, small, top=len(plans))
+    rows = {line.split()[1]: line for line in lines[1 : 1 + len(plans)]}
+    for spec, row in rows.items():
+        assert row.endswith("yes") == (spec in fitting), row
+        assert ("NO (over" in row) == (spec not in fitting), row
+
+
+def test_plan_answers_for_8_and_512_gpus(capsys):
+    for gpus, shapes in ((8, 20), (512, 220)):
+        start = time.perf_counter()
+        assert main(["plan", "--config", "yaml/synthetic.yaml", "--gpus", str(gpus)]) == 0
+        assert time.perf_counter() - start < 10
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0].startswith(f"{gpus} a100 GPUs (4 a node")
+        assert lines[1].startswith("synthetic: 20,000 vertices")
+        assert [line.split()[0] for line in lines[3:13]] == [str(i) for i in range(1, 11)]
+        assert lines[13] == f"  ... {shapes - 10} more grids"
+        best = lines[3].split()[1]
+        assert lines[14].startswith(f"{best}: ") and "longer" in lines[14]
+
+
+def test_plan_refuses_no_ranks_in_one_line(capsys):
+    assert main(["plan", "--gpus", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "scalegnn: error: --gpus: got 0; give the number of ranks, at least 1\n"
+    )
+
+
+def test_a_graph_file_is_measured_and_its_derived_settings_planned(tmp_path, capsys):
+    graph = random_dataset().graph
+    path = tmp_path / "graph.bin"
+    dgl.save_graphs(str(path), [graph])
+    src, dst = (t.numpy() for t in graph.edges())
+    nnz = gcn_normalize(src, dst, graph.num_nodes()).nnz
+    overrides = ["data.name=dgl", f"data.path={path}"]
+    argv = ["plan", "--set", overrides[0], "--set", overrides[1], "--gpus", "2", "--gpu", "cpu"]
+    assert main(argv) == 0
+    graph_line = capsys.readouterr().out.splitlines()[1]
+    shape = GraphShape(97, nnz, 11, 5)
+    available = machine("cpu", 2).rank_memory
+    resolved = apply_graph_defaults(load_config(None, overrides), shape, int(available))[0]
+    assert resolved.sampling.batch_size == 97  # a small graph trains full-batch
+    assert graph_line == (
+        f"dgl: 97 vertices, {nnz:,} adjacency entries, 11 features, 5 classes ({path}); "
+        f"batch 97, {resolved.model.layers} layers of {resolved.model.hidden}"
+    )
