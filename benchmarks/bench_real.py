@@ -92,8 +92,8 @@ def saint_grid(num_nodes: int) -> list[dict[str, Any]]:
 
 
 def _worker_init() -> None:
-    """Each worker on its own core, one torch thread."""
-    cores = sorted(os.sched_getaffinity(0))
+    """Each worker on its own core, from the last one down, one torch thread."""
+    cores = sorted(os.sched_getaffinity(0), reverse=True)
     identity = multiprocessing.current_process()._identity
     os.sched_setaffinity(0, {cores[((identity[0] - 1) if identity else 0) % len(cores)]})
     torch.set_num_threads(1)

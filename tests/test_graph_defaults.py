@@ -106,7 +106,7 @@ def test_a_config_with_only_data_takes_the_recipe_full_batch():
         "constant",
     )
     model = resolved.model
-    assert (model.hidden, model.layers, model.dropout, model.bias) == (64, 2, 0.5, True)
+    assert (model.hidden, model.layers, model.dropout, model.bias) == (128, 2, 0.5, True)
     assert not (model.norm or model.residual or model.input_projection or model.head)
     assert resolved.optim.weight_decay == 5e-4
     reasons = {d.key: d.reason for d in derived}
@@ -181,7 +181,7 @@ def test_train_data_alone_says_what_it_derived(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "settings derived from the graph (the config does not set them):" in out
     assert "sampling.batch_size=97 (full batch: a step over all 97 vertices needs" in out
-    assert "model.hidden=64, model.layers=2" in out
+    assert "model.hidden=128, model.layers=2" in out
     assert "data.feature_norm=row (auto:" in out
     assert "train.epochs=" not in out  # set on the command line
     derived = read_metrics(metrics, "derived")[0]["settings"]
