@@ -113,6 +113,15 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from dgl_scalegnn.train.report import plot_runs, read_runs, run_table
+
+    runs = read_runs(args.runs)
+    print("\n".join(run_table(runs)))
+    print(f"wrote {plot_runs(runs, args.out)}")
+    return 0
+
+
 def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
     """``work(coordinator)`` on this process, or on every rank of an ``mpirun``/``srun``/
     ``torchrun`` launch with a watchdog: a rank that fails stops all, which say its
@@ -201,6 +210,22 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
     plan.add_argument("--top", type=int, default=10, help="grids to list (default 10)")
     plan.set_defaults(handler=_plan)
+
+    report = commands.add_parser(
+        "report",
+        help="a table and a PNG of loss and accuracy of runs, from their metrics files",
+        description="Print a table with a column per run (steps, epochs, best validation, "
+        "test at best validation, time to target, median s/step, evaluation seconds, peak "
+        "memory per rank) and draw one PNG of loss and accuracy against steps and training "
+        "seconds, the runs overlaid and labelled by file name, to compare configs or grids.",
+        epilog="example:\n  scalegnn train --config yaml/cora.yaml --metrics runs/a.jsonl\n"
+        "  scalegnn train --config yaml/cora.yaml --grid 1x1x1x2 --metrics runs/b.jsonl\n"
+        "  scalegnn report runs/a.jsonl runs/b.jsonl --out runs/cora.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="metrics files of runs")
+    report.add_argument("--out", default="report.png", help="the PNG (default report.png)")
+    report.set_defaults(handler=_report)
     return parser
 
 
