@@ -122,6 +122,37 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from dgl_scalegnn.train.export import export_checkpoint
+
+    record = export_checkpoint(args.checkpoint, args.out)
+    source, transform = record["source"], record["input"]
+    kind = "labels" if transform["multilabel"] else "classes"
+    scaling = "featureless recipe" if transform["featureless"] else transform["feature_norm"]
+    print(
+        f"exported {source['checkpoint']} (global step {source['global_step']}, grid "
+        f"{source['grid']}): {record['in_features']} features -> {record['num_classes']} "
+        f"{kind}, input scaling {scaling} -> {args.out}"
+    )
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import torch
+
+    from dgl_scalegnn.train.export import load_model, read_graph
+
+    model = load_model(args.model)
+    graph = read_graph(args.graph)
+    logits = model(graph)
+    accuracy = model.accuracy(graph, logits)
+    result = {"logits": logits, "predicted": model.classes(logits), "accuracy": accuracy}
+    torch.save(result, args.out)
+    scores = "".join(f" | {split} {value:.4f}" for split, value in accuracy.items())
+    print(f"{graph.num_nodes()} vertices{scores} -> {args.out}")
+    return 0
+
+
 def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
     """``work(coordinator)`` on this process, or on every rank of an ``mpirun``/``srun``/
     ``torchrun`` launch with a watchdog: a rank that fails stops all, which say its
@@ -226,6 +257,51 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("runs", nargs="+", metavar="RUN.jsonl", help="metrics files of runs")
     report.add_argument("--out", default="report.png", help="the PNG (default report.png)")
     report.set_defaults(handler=_report)
+
+    export = commands.add_parser(
+        "export",
+        help="gather a sharded checkpoint into one model file for one process",
+        description="Gather the shards of a checkpoint (written on any grid) into one file "
+        "that loads on one process with no grid: the model section, the dataset's shapes, "
+        "the whole parameters and the input scaling of training (torch.load(path, "
+        "weights_only=True) reads it). It reads the training graph the checkpoint names "
+        "for its label kind (and, for data.feature_norm standardize, its columns' "
+        "statistics). In Python: dgl_scalegnn.train.export.load_model(path)(graph).",
+        epilog="example:\n  scalegnn export --checkpoint runs/cora/checkpoints --out cora.pt\n"
+        "  scalegnn predict --model cora.pt --graph cora.bin",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export.add_argument(
+        "--checkpoint",
+        required=True,
+        metavar="DIR",
+        help="a step_* checkpoint directory, the checkpoints directory (the newest that "
+        "verifies) or the run's output.dir",
+    )
+    export.add_argument("--out", default="model.pt", help="the model file (default model.pt)")
+    export.set_defaults(handler=_export)
+
+    predict = commands.add_parser(
+        "predict",
+        help="full-graph inference with an exported model on a dgl.save_graphs file",
+        description="Run an exported model on the first graph of a dgl.save_graphs file, "
+        "with the input scaling and GCN normalisation of training; write the logits and "
+        "predicted classes in the graph's vertex order, and print the accuracy of each "
+        "split whose mask the graph has.",
+        epilog="example:\n  scalegnn predict --model cora.pt --graph cora.bin --out cora-pred.pt\n"
+        "  python -c \"import torch; print(torch.load('cora-pred.pt')['predicted'][:10])\"",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    predict.add_argument("--model", required=True, help="a file written by scalegnn export")
+    predict.add_argument(
+        "--graph", required=True, metavar="GRAPH.bin", help="a file written by dgl.save_graphs"
+    )
+    predict.add_argument(
+        "--out",
+        default="predictions.pt",
+        help="where to write {logits, predicted, accuracy} (default predictions.pt)",
+    )
+    predict.set_defaults(handler=_predict)
     return parser
 
 
