@@ -223,8 +223,8 @@ def _parser() -> argparse.ArgumentParser:
     plan = commands.add_parser(
         "plan",
         help="rank the grid shapes of N GPUs for a config by the cost model",
-        description="Rank every grid shape GdxGxxGyxGz of --gpus ranks for the config by the "
-        "cost model's epoch time (then evaluation time, then memory a rank), mark the ones "
+        description="Rank every grid shape GdxGxxGyxGz of --gpus ranks for the config by the cost\n"
+        "model's epoch time (then evaluation time, then memory a rank), mark the ones\n"
         "that do not fit a rank's memory, and say why the first wins.",
         epilog="example:\n  scalegnn plan --config yaml/ogbn-products.yaml --gpus 8 --gpu a100",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -245,10 +245,11 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="a table and a PNG of loss and accuracy of runs, from their metrics files",
-        description="Print a table with a column per run (steps, epochs, best validation, "
-        "test at best validation, time to target, median s/step, evaluation seconds, peak "
-        "memory per rank) and draw one PNG of loss and accuracy against steps and training "
-        "seconds, the runs overlaid and labelled by file name, to compare configs or grids.",
+        description="Print a table with a column per run (steps, epochs, best validation, test at\n"
+        "best validation, time to target, median s/step, evaluation seconds, peak\n"
+        "memory per rank) and draw one PNG of loss and accuracy against steps and\n"
+        "training seconds, the runs overlaid and labelled by file name, to compare\n"
+        "configs or grids.",
         epilog="example:\n  scalegnn train --config yaml/cora.yaml --metrics runs/a.jsonl\n"
         "  scalegnn train --config yaml/cora.yaml --grid 1x1x1x2 --metrics runs/b.jsonl\n"
         "  scalegnn report runs/a.jsonl runs/b.jsonl --out runs/cora.png",
@@ -261,11 +262,11 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         "export",
         help="gather a sharded checkpoint into one model file for one process",
-        description="Gather the shards of a checkpoint (written on any grid) into one file "
-        "that loads on one process with no grid: the model section, the dataset's shapes, "
-        "the whole parameters and the input scaling of training (torch.load(path, "
-        "weights_only=True) reads it). It reads the training graph the checkpoint names "
-        "for its label kind (and, for data.feature_norm standardize, its columns' "
+        description="Gather the shards of a checkpoint (written on any grid) into one file that\n"
+        "loads on one process with no grid: the model section, the dataset's shapes,\n"
+        "the whole parameters and the input scaling of training (torch.load(path,\n"
+        "weights_only=True) reads it). It reads the training graph the checkpoint names\n"
+        "for its label kind (and, for data.feature_norm standardize, its columns'\n"
         "statistics). In Python: dgl_scalegnn.train.export.load_model(path)(graph).",
         epilog="example:\n  scalegnn export --checkpoint runs/cora/checkpoints --out cora.pt\n"
         "  scalegnn predict --model cora.pt --graph cora.bin",
@@ -284,9 +285,9 @@ def _parser() -> argparse.ArgumentParser:
     predict = commands.add_parser(
         "predict",
         help="full-graph inference with an exported model on a dgl.save_graphs file",
-        description="Run an exported model on the first graph of a dgl.save_graphs file, "
-        "with the input scaling and GCN normalisation of training; write the logits and "
-        "predicted classes in the graph's vertex order, and print the accuracy of each "
+        description="Run an exported model on the first graph of a dgl.save_graphs file, with the\n"
+        "input scaling and GCN normalisation of training; write the logits and\n"
+        "predicted classes in the graph's vertex order, and print the accuracy of each\n"
         "split whose mask the graph has.",
         epilog="example:\n  scalegnn predict --model cora.pt --graph cora.bin --out cora-pred.pt\n"
         "  python -c \"import torch; print(torch.load('cora-pred.pt')['predicted'][:10])\"",
