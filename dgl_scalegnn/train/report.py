@@ -256,7 +256,7 @@ def plot_runs(runs: list[Run], out: str | os.PathLike[str]) -> Path:
     axes = figure.subplots(2, 2)
     colours = [f"C{i % 10}" for i in range(len(runs))]
     for run, colour in zip(runs, colours):
-        steps = np.array([e["step"] for e in run.steps])
+        steps = np.array([e["step"] + 1 for e in run.steps])  # trained, as evals count
         loss = np.array([_number(e["loss"]) for e in run.steps])
         seconds = _training_seconds(run)
         window = max(1, len(loss) // 50)
@@ -271,7 +271,7 @@ def plot_runs(runs: list[Run], out: str | os.PathLike[str]) -> Path:
             for axis, x in ((axes[1, 0], eval_steps), (axes[1, 1], eval_seconds)):
                 axis.plot(x, values, style, color=colour, marker=".", label=run.label)
     for axis in axes[:, 0]:
-        axis.set_xlabel("step")
+        axis.set_xlabel("steps trained")
     for axis in axes[:, 1]:
         axis.set_xlabel("training seconds (evaluation excluded)")
     for axis in axes[0]:
