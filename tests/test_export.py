@@ -134,6 +134,18 @@ def test_export_and_predict_errors_are_one_line(trained, tmp_path, capsys):
     assert message.startswith(f"{other}: its parameters [('layer0_bias', (8,)),")
     assert message.endswith("export a checkpoint written by scalegnn train")
 
+    # a checkpoint whose training graph is not where it was
+    moved = tmp_path / "moved"
+    shutil.copytree(trained / "gcn-standardize" / "checkpoints" / "step_00000004", moved)
+    meta = json.loads((moved / "meta.json").read_text())
+    meta["config"]["data"]["path"] = str(tmp_path / "gone.bin")
+    (moved / "meta.json").write_text(json.dumps(meta))
+    assert _error(["export", "--checkpoint", str(moved)], capsys) == (
+        "export reads the training graph for its label kind and feature scaling: dataset "
+        f"'dgl': file '{tmp_path / 'gone.bin'}' does not exist; set data.path to a file "
+        "written by dgl.save_graphs(path, [graph])"
+    )
+
     graph = str(trained / "graph.bin")
     absent_model = tmp_path / "model.pt"
     assert _error(["predict", "--model", str(absent_model), "--graph", graph], capsys) == (

@@ -54,6 +54,7 @@ from dgl_scalegnn.core.schedule import parameter_shards
 from dgl_scalegnn.data.datasets import _first_line, load_source
 from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.features import column_moments, scale_features
+from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.sampling.dgl_loader import gcn_norm_graph
 from dgl_scalegnn.train.checkpoint import (
@@ -140,7 +141,12 @@ def _input_transform(data: DataConfig, in_features: int, num_classes: int) -> di
     """How training turned the graph's features into the model's input; reads the
     training graph (unscaled) for its label kind and, to standardise, its columns' moments."""
     norm = data.resolved_feature_norm()
-    source = load_source(dataclasses.replace(data, feature_norm="none", prepared=None))
+    try:
+        source = load_source(dataclasses.replace(data, feature_norm="none", prepared=None))
+    except DatasetError as error:
+        raise ExportError(
+            f"export reads the training graph for its label kind and feature scaling: {error}"
+        ) from None
     if (source.num_features, source.num_classes) != (in_features, num_classes):
         raise ExportError(
             f"data.name {data.name!r}: the training graph has {source.num_features} features "
