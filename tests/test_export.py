@@ -24,6 +24,8 @@ from tests.helpers import random_dataset, relative_error
 from tests.oracle import assemble
 from tests.ranks import spawn_ranks
 
+pytestmark = pytest.mark.slow  # the fixture runs 8 ranks (about 12 s on 2 cores)
+
 GRID = "1x2x2x2"
 NUM_NODES, NUM_CLASSES = 97, 5
 MODELS = {
