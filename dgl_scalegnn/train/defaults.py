@@ -120,9 +120,6 @@ class Derived:
     value: Any
     reason: str
 
-    def text(self) -> str:
-        return f"{self.key}={self.value}: {self.reason}"
-
 
 def full_batch_bytes(shape: GraphShape, hidden: int, layers: int) -> int:
     """Estimated peak bytes of one full-batch training step on one rank.
