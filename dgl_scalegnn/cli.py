@@ -1,11 +1,14 @@
-"""The ``scalegnn`` command line.
+"""scalegnn: mini-batch GNN training on a 4D grid of processes, built on DGL.
 
 ``scalegnn train [--config FILE] [--data GRAPH.bin] [--grid GdxGxxGyxGz] [--set key=value
 ...] [--metrics FILE]`` trains (on one process, or on every process of an
 ``mpirun``/``srun``/``torchrun`` launch); ``--data`` alone trains a ``dgl.save_graphs``
 file with the settings derived from the graph. ``scalegnn prepare`` writes a prepared
 dataset directory within a memory budget (split over the ranks when launched by
-``mpirun -np P``), and ``scalegnn prepare --verify DIR`` checks one.
+``mpirun -np P``), and ``scalegnn prepare --verify DIR`` checks one. ``scalegnn plan``
+ranks grid shapes for N GPUs; ``scalegnn report`` tables and plots metrics files;
+``scalegnn export`` gathers a checkpoint into one model file and ``scalegnn predict``
+runs it on a ``dgl.save_graphs`` file.
 """
 
 from __future__ import annotations
@@ -53,19 +56,15 @@ def _train(args: argparse.Namespace) -> int:
     from dgl_scalegnn.train.run import run_training
 
     cfg = _train_config(args)
-    summary = run_training(cfg, metrics_path=args.metrics)
-    if _launch_rank() == 0:
-        best, test = summary["best_val_acc"], summary["test_at_best_val"]
+    if args.config is None and args.data is None and _launch_rank() == 0:
         print(
-            f"best validation accuracy {_accuracy(best)}, test accuracy at best validation "
-            f"{_accuracy(test)}, training time {summary['train_s']:.2f} s",
+            "scalegnn: no --config or --data: training the built-in synthetic graph (20,000 "
+            "vertices, config.py's defaults); give --config FILE or --data GRAPH.bin",
+            file=sys.stderr,
             flush=True,
         )
+    summary = run_training(cfg, metrics_path=args.metrics, json_stdout=args.json)
     return PREEMPTED_EXIT_CODE if "preempted" in summary else 0
-
-
-def _accuracy(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -181,12 +180,30 @@ def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import dgl_scalegnn
     from dgl_scalegnn.data.streaming import DEFAULT_MEMORY_GB
 
-    parser = argparse.ArgumentParser(prog="scalegnn", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="scalegnn",
+        description=__doc__.splitlines()[0].removeprefix("scalegnn: "),
+        epilog="run `scalegnn COMMAND --help` for a command's options and an example",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"scalegnn {dgl_scalegnn.__version__}"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train a GCN with uniform vertex sampling")
+    train = commands.add_parser(
+        "train",
+        help="train a GCN with uniform vertex sampling",
+        description="Train on this process, or on every process of an mpirun, srun or torchrun\n"
+        "launch (the grid's product is the process count). Rank 0 prints a start-up block,\n"
+        "a line per evaluation and a summary; --metrics keeps every event as JSON lines.",
+        epilog="examples:\n  scalegnn train --config yaml/cora.yaml --metrics runs/cora.jsonl\n"
+        "  scalegnn train --data graph.bin\n"
+        "  mpirun -np 8 scalegnn train --config yaml/synthetic.yaml --grid 1x2x2x2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     train.add_argument("--config", help="YAML config file (defaults for anything it omits)")
     train.add_argument(
         "--data",
@@ -198,13 +215,30 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="override, e.g. model.hidden=64"
     )
-    train.add_argument("--metrics", help="append JSON-lines metrics to this file")
+    train.add_argument(
+        "--metrics",
+        metavar="FILE",
+        help="write every event as a JSON line to FILE (refused if it exists, unless --resume)",
+    )
+    train.add_argument(
+        "--json", action="store_true", help="print the events as JSON lines instead of lines"
+    )
     train.add_argument(
         "--resume", action="store_true", help="continue from output.dir's latest checkpoint"
     )
     train.set_defaults(handler=_train)
 
-    prepare = commands.add_parser("prepare", help="write or verify a prepared dataset directory")
+    prepare = commands.add_parser(
+        "prepare",
+        help="write or verify a prepared dataset directory",
+        description="Turn a dataset into one directory that every grid shape trains from: the\n"
+        "GCN-normalised graph, features, labels and masks as memory-mapped files with\n"
+        "checksums, within a memory budget (split over the ranks under mpirun -np P).",
+        epilog="examples:\n"
+        "  scalegnn prepare --config yaml/ogbn-products.yaml --out /scratch/products\n"
+        "  scalegnn prepare --verify /scratch/products",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     prepare.add_argument("--config", help="YAML config whose data section names the dataset")
     prepare.add_argument("--dataset", help="dataset name (instead of --config)")
     prepare.add_argument("--root", help="raw data root (default $SCALEGNN_DATA_ROOT)")

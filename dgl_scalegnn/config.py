@@ -254,7 +254,8 @@ class TrainConfig:
     many seconds, and a time to target rounded up to whole epochs says little): every
     ``eval_every_steps`` steps and after each step count in ``eval_at_steps`` (a list,
     e.g. log-spaced to read a time to target within a constant factor with few
-    evaluations); always after the last step.
+    evaluations); always after the last step. ``progress``: on a terminal, a bar of
+    the steps on stderr (the console's lines print above it).
     """
 
     epochs: int = 20
@@ -321,12 +322,14 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class OutputConfig:
-    """Where results go: JSON-lines metrics and checkpoints."""
+    """Where results go: JSON-lines metrics and checkpoints, and how often the console
+    prints a loss line between evaluations (``log_every`` steps; 0: never)."""
 
     dir: str | None = None
     metrics: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    log_every: int = 50
 
 
 @dataclass(frozen=True)
@@ -503,6 +506,7 @@ def check_config(cfg: Config) -> None:
     positive("train.epochs", cfg.train.epochs)
     positive("train.eval_every", cfg.train.eval_every)
     positive("output.checkpoint_every", cfg.output.checkpoint_every, 0)
+    positive("output.log_every", cfg.output.log_every, 0)
     positive("parallel.timeout_s", cfg.parallel.timeout_s, 1)
     positive("parallel.watchdog_s", cfg.parallel.watchdog_s, 2)
     for key in ("dropout", "input_dropout"):

@@ -25,7 +25,7 @@ CONFIG = {
 }
 
 
-def _launch(script: str, np_: int, grid: str, tmp_path, name: str) -> list[dict]:
+def _launch(script: str, np_: int, grid: str, tmp_path, name: str) -> tuple[list[dict], str]:
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     metrics = tmp_path / f"{name}.jsonl"
@@ -39,7 +39,7 @@ def _launch(script: str, np_: int, grid: str, tmp_path, name: str) -> list[dict]
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return read_metrics(metrics)
+    return read_metrics(metrics), result.stdout + result.stderr
 
 
 def _single_process_losses(tmp_path) -> list[float]:
@@ -59,13 +59,20 @@ def _single_process_losses(tmp_path) -> list[float]:
     ],
 )
 def test_launcher_runs_the_grid_and_matches_one_process(tmp_path, script, np_, grid, launcher):
-    events = _launch(script, np_, grid, tmp_path, launcher)
+    events, output = _launch(script, np_, grid, tmp_path, launcher)
     config_event = events[0]
     assert config_event["launcher"] == launcher
     assert config_event["world_size"] == np_ and config_event["grid"] == grid
     losses = [e["loss"] for e in events if e["event"] == "step"]
     assert losses == pytest.approx(_single_process_losses(tmp_path), rel=1e-4)
     assert events[-1]["event"] == "summary"
+    # What a person reads: rank 0 alone, no JSON, no launcher warning (make run's path)
+    lines = output.splitlines()
+    assert sum(line.startswith("scalegnn 0.1.0: ") for line in lines) == 1, output
+    evaluations = [line for line in lines if line.startswith("Epoch ")]
+    assert len(evaluations) == sum(e["event"] == "eval" for e in events), output
+    assert sum(line.startswith("done: ") for line in lines) == 1, output
+    assert not any(line.startswith("{") for line in lines) and "Warning" not in output
 
 
 def test_a_reserved_port_is_given_to_nobody_else_yet_the_store_can_listen_on_it():

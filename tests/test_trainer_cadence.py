@@ -73,7 +73,10 @@ def test_metrics_events_field_by_field_with_two_replicas(tmp_path):
     }
     events = train_through_cli(tmp_path, "metrics", "2x1x1x1", config)
     kinds = [e["event"] for e in events]
-    assert kinds == ["config"] + ["step"] * 3 + ["eval"] + ["step"] * 3 + ["eval", "summary"]
+    assert kinds == ["config", "start"] + ["step"] * 3 + ["eval"] + ["step"] * 3 + [
+        "eval",
+        "summary",
+    ]
 
     header = events[0]
     assert (header["grid"], header["world_size"], header["backend"]) == ("2x1x1x1", 2, "gloo")

@@ -60,7 +60,6 @@ __all__ = [
     "available_bytes",
     "agreed_available_bytes",
     "apply_graph_defaults",
-    "startup_lines",
 ]
 
 #: Of the memory available to a rank, the share a full-batch step may take (the rest
@@ -228,11 +227,3 @@ def apply_graph_defaults(
     resolved = dataclasses.replace(cfg, **changes)
     check_config(resolved)  # an explicit key may contradict a derived one
     return resolved, derived
-
-
-def startup_lines(derived: list[Derived]) -> list[str]:
-    """What the start-up says: one line per reason, naming its keys and values."""
-    by_reason: dict[str, list[str]] = {}
-    for setting in derived:
-        by_reason.setdefault(setting.reason, []).append(f"{setting.key}={setting.value}")
-    return [f"{', '.join(keys)} ({reason})" for reason, keys in by_reason.items()]

@@ -1,8 +1,11 @@
 """JSON-lines metrics: one object per line, written by rank 0.
 
-Events: ``config`` (once), ``step``, ``eval``, ``summary``; see DESIGN §6; and
-``note``, a sentence also printed for the person running the job. Each line is
-flushed as it is written so a crashed run keeps everything up to the crash.
+Events: ``config`` (once, as the ranks start), ``derived`` (settings derived from the
+graph), ``resume``, ``start`` (the graph, batch and steps, where output goes), ``step``,
+``eval``, ``summary``; see DESIGN §6; ``note``, a sentence also printed on stderr for
+the person running the job; ``nonfinite``. Each line is flushed as it is written so a
+crashed run keeps everything up to the crash. The console
+(:mod:`~dgl_scalegnn.train.console`) shows them as lines a person reads.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["MetricsWriter", "read_metrics"]
+from dgl_scalegnn.config import InputError
+from dgl_scalegnn.train.console import Console
+
+__all__ = ["MetricsWriter", "MetricsFileError", "read_metrics"]
 
 
 def _clean(value: Any) -> Any:
@@ -28,27 +34,53 @@ def _clean(value: Any) -> Any:
     return value
 
 
+class MetricsFileError(InputError):
+    """A metrics file that exists already (a run would be mixed into another's events)."""
+
+
 class MetricsWriter:
-    """Append events to a JSON-lines file (and keep them in memory).
+    """Write events to a JSON-lines file (and keep them in memory), and show them.
 
     Parameters
     ----------
     path : str or None
-        File to append to; ``None`` keeps events in memory only.
+        File to write; ``None`` keeps events in memory only.
     enabled : bool
         ``False`` on every rank but 0.
-    echo : IO or None
-        Also print ``eval`` and ``summary`` events here as JSON lines.
+    append : bool
+        Add to ``path`` if it exists (a resumed run); otherwise an existing file is
+        refused, so that reruns never mix their events silently.
+    console : Console or None
+        Prints each event for the person running the job
+        (:class:`~dgl_scalegnn.train.console.Console`).
+    json_stream : IO or None
+        Also print every event here as a JSON line (``scalegnn train --json``).
+
+    Raises
+    ------
+    MetricsFileError
+        ``path`` exists and ``append`` is false.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | None, enabled: bool = True, echo: IO[str] | None = None
+        self,
+        path: str | os.PathLike[str] | None,
+        enabled: bool = True,
+        *,
+        append: bool = False,
+        console: Console | None = None,
+        json_stream: IO[str] | None = None,
     ) -> None:
-        self.enabled = enabled
+        self.enabled, self.path = enabled, path
         self.events: list[dict[str, Any]] = []
-        self._echo = echo
+        self._console, self._json = console, json_stream
         self._file: IO[str] | None = None
         if enabled and path is not None:
+            if Path(path).exists() and not append:
+                raise MetricsFileError(
+                    f"--metrics {path}: the file exists; give a new path, remove it, or pass "
+                    "--resume to continue the run that wrote it"
+                )
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
@@ -61,8 +93,10 @@ class MetricsWriter:
         if self._file is not None:
             self._file.write(line + "\n")
             self._file.flush()
-        if self._echo is not None and event in ("eval", "summary"):
-            print(line, file=self._echo, flush=True)
+        if self._json is not None:
+            print(line, file=self._json, flush=True)
+        if self._console is not None:
+            self._console.show(record)
 
     def note(self, message: str) -> None:
         """Tell the person running the job something (rank 0 only): one line on stderr,
@@ -73,6 +107,8 @@ class MetricsWriter:
         self.write("note", message=message)
 
     def close(self) -> None:
+        if self._console is not None:
+            self._console.close()
         if self._file is not None:
             self._file.close()
             self._file = None

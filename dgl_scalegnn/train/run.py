@@ -38,11 +38,11 @@ from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.distributed.watchdog import Watchdog, is_communication_error
 from dgl_scalegnn.profiling import Profiler
+from dgl_scalegnn.train.console import Console
 from dgl_scalegnn.train.defaults import (
     GraphShape,
     agreed_available_bytes,
     apply_graph_defaults,
-    startup_lines,
 )
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
@@ -105,10 +105,7 @@ def with_graph_defaults(
     local_ranks = session.launch.local_world_size or 1
     available = agreed_available_bytes(session.device, local_ranks)
     resolved, derived = apply_graph_defaults(cfg, shape, available)
-    if derived and metrics.enabled:
-        print("scalegnn: settings derived from the graph (the config does not set them):")
-        for line in startup_lines(derived):
-            print(f"  {line}", flush=True)
+    if derived:  # the console says each, with why
         metrics.write(
             "derived",
             settings={d.key: d.value for d in derived},
@@ -185,8 +182,16 @@ def end_session(session: Session, error: BaseException | None = None) -> None:
         dist.destroy_process_group()
 
 
-def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]:
-    """Run one training job on however many processes launched it; returns the summary."""
+def run_training(
+    cfg: Config, metrics_path: str | None = None, *, json_stdout: bool = False
+) -> dict[str, Any]:
+    """Run one training job on however many processes launched it; returns the summary.
+
+    Rank 0 shows the run on stdout: lines a person reads
+    (:class:`~dgl_scalegnn.train.console.Console`), or with ``json_stdout`` its events
+    as JSON lines. The events also go to ``metrics_path`` (or ``output.metrics``); an
+    existing file is continued only by a resumed run.
+    """
     session = start_session(cfg.parallel)
     info, runtime = session.launch, session.runtime
     failure: BaseException | None = None
@@ -195,7 +200,16 @@ def run_training(cfg: Config, metrics_path: str | None = None) -> dict[str, Any]
         backend = session.backend
         is_root = info.rank == 0
         path = metrics_path or cfg.output.metrics
-        metrics = MetricsWriter(path, enabled=is_root, echo=sys.stdout if is_root else None)
+        console = None
+        if is_root and not json_stdout:
+            console = Console(sys.stdout, cfg.output.log_every, progress_bar=cfg.train.progress)
+        metrics = MetricsWriter(
+            path,
+            enabled=is_root,
+            append=cfg.output.resume,
+            console=console,
+            json_stream=sys.stdout if is_root and json_stdout else None,
+        )
         metrics.write(
             "config",
             config=cfg.to_dict(),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import resource
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -336,7 +335,7 @@ class Trainer:
         """Train until the target accuracy, the last epoch, ``max_steps`` or a stop signal;
         returns the summary."""
         cfg, progress = self.cfg, self.progress
-        bar = self._progress_bar()
+        self._announce()
         reached = False
         preempted: Preempted | None = None
         if cfg.sampling.prefetch:
@@ -346,7 +345,7 @@ class Trainer:
         try:
             with self.requests.installed():
                 while progress.epoch < cfg.train.epochs and not reached:
-                    reached = self._run_epoch(bar)
+                    reached = self._run_epoch()
                     if self._max_steps_done():
                         break
                 if progress.evaluated_step != progress.global_step:
@@ -357,8 +356,6 @@ class Trainer:
             preempted = stop
         finally:
             return_freed_heap()
-            if bar is not None:
-                bar.close()
             if self._prefetcher is not None:
                 self._prefetcher.close()
                 self._prefetcher = None
@@ -372,6 +369,7 @@ class Trainer:
             "train_s": progress.train_seconds,
             "skipped_steps": progress.skipped_steps,
             "max_rss_mb": self._peak_memory_per_rank(),
+            "checkpoint": None if self._on_disk is None else str(self._on_disk[1]),
         }
         if progress.skipped_steps:
             self.metrics.note(
@@ -407,12 +405,12 @@ class Trainer:
         limit = self.cfg.train.max_steps
         return limit is not None and self.progress.global_step >= limit
 
-    def _run_epoch(self, bar: Any) -> bool:
+    def _run_epoch(self) -> bool:
         """Train the rest of the current epoch (or up to ``max_steps``); returns whether
         the target was reached."""
         progress = self.progress
         while not self._max_steps_done():
-            self._train_one_step(bar)
+            self._train_one_step()
             epoch_ended = progress.step_in_epoch >= self.steps_per_epoch
             if epoch_ended:
                 progress.epoch += 1
@@ -422,7 +420,7 @@ class Trainer:
                 return reached
         return False
 
-    def _train_one_step(self, bar: Any) -> None:
+    def _train_one_step(self) -> None:
         """Sample (or take the prefetched batch), train, record the step's metrics."""
         progress = self.progress
         profiler = self.runtime.profiler
@@ -447,9 +445,6 @@ class Trainer:
         )
         progress.global_step += 1
         progress.step_in_epoch += 1
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(epoch=progress.epoch, loss=f"{loss:.4f}")
 
     def _step_boundary(self, epoch_ended: bool) -> bool:
         """Between two steps: evaluate if due, checkpoint if due, then act on the signal
@@ -524,9 +519,38 @@ class Trainer:
         )
         return reached
 
-    def _progress_bar(self) -> Any:
-        if not (self.cfg.train.progress and self.grid.rank == 0 and sys.stderr.isatty()):
-            return None
-        from tqdm import tqdm
-
-        return tqdm(total=self.cfg.train.epochs * self.steps_per_epoch, unit="step", leave=False)
+    def _announce(self) -> None:
+        """The ``start`` event: the graph, the batch and steps, where output goes."""
+        cfg, meta = self.cfg, self.store.meta
+        train = cfg.train
+        if train.eval_every_steps or train.eval_at_steps:
+            every = f"every {train.eval_every_steps} steps" if train.eval_every_steps else ""
+            listed = f"after steps {list(train.eval_at_steps)}" if train.eval_at_steps else ""
+            evaluation = " and ".join(part for part in (every, listed) if part)
+        else:
+            evaluation = (
+                "every epoch" if train.eval_every == 1 else f"every {train.eval_every} epochs"
+            )
+        checkpoints = None
+        if self.checkpoints is not None:
+            every = cfg.output.checkpoint_every
+            when = (
+                f"every {every} steps" if every else "on signals only (output.checkpoint_every 0)"
+            )
+            checkpoints = f"{self.checkpoints} {when}"
+        self.metrics.write(
+            "start",
+            dataset=meta.name,
+            num_nodes=meta.num_nodes,
+            nnz=meta.nnz,
+            num_features=meta.num_features,
+            num_classes=meta.num_classes,
+            splits=dict(meta.split_sizes),
+            batch_size=cfg.sampling.batch_size,
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+            first_step=self.progress.global_step,
+            evaluation=f"{evaluation}, and after the last step",
+            metrics=None if self.metrics.path is None else str(self.metrics.path),
+            checkpoints=checkpoints,
+        )
