@@ -172,7 +172,10 @@ def _summarise(runs: Mapping[tuple[str, str, int], dict[str, Any]]) -> dict[str,
         table.setdefault(graph, {}).setdefault(method, []).append(result)
     return {
         graph: {
-            method: {key: _stats([r[key] for r in results]) for key in ("val", "test", "train_s")}
+            method: {
+                "seeds": len(results),
+                **{key: _stats([r[key] for r in results]) for key in ("val", "test", "train_s")},
+            }
             for method, results in methods.items()
         }
         for graph, methods in table.items()
@@ -197,6 +200,7 @@ def _markdown(
         cells = [
             f"{100 * methods[m]['test']['mean']:.1f} ± {100 * methods[m]['test']['std']:.1f} "
             f"({methods[m]['train_s']['mean']:.1f} s)"
+            + ("" if methods[m]["seeds"] == len(seeds) else f", {methods[m]['seeds']} seeds")
             if m in methods
             else "-"
             for m in METHODS
@@ -300,8 +304,12 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         for i in range(len(grid))
                     ]
-                    saint[graph] = grid[int(np.argmax(val))]
-                    for seed in args.seeds:
+                    best = int(np.argmax(val))
+                    saint[graph] = grid[best]
+                    for seed in args.seeds:  # the sweep's seeds are runs of the same setting
+                        swept = (graph, f"GraphSAINT sweep {best}", seed)
+                        if swept in runs:
+                            runs.setdefault((graph, "GraphSAINT", seed), runs[swept])
                         submit((graph, "GraphSAINT", seed), _saint, (graph, saint[graph], seed))
             for key in list(futures):
                 collect(key)
