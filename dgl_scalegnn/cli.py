@@ -56,11 +56,14 @@ def _train(args: argparse.Namespace) -> int:
     from dgl_scalegnn.train.run import run_training
 
     cfg = _train_config(args)
-    if args.config is None and args.data is None and _launch_rank() == 0:
+    bare = args.config is None and args.data is None and cfg.data.name == "synthetic"
+    if bare and _launch_rank() == 0:
+        # A note, not an error: on stdout with the start-up block (stderr keeps --json's
+        # stdout pure JSON, and errors the only lines on stderr otherwise).
         print(
             "scalegnn: no --config or --data: training the built-in synthetic graph (20,000 "
             "vertices, config.py's defaults); give --config FILE or --data GRAPH.bin",
-            file=sys.stderr,
+            file=sys.stderr if args.json else sys.stdout,
             flush=True,
         )
     summary = run_training(cfg, metrics_path=args.metrics, json_stdout=args.json)

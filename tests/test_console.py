@@ -152,10 +152,15 @@ def test_json_puts_the_events_on_stdout_instead(tmp_path):
 
 def test_a_bare_train_says_it_trains_the_built_in_synthetic_default(capsys, monkeypatch):
     monkeypatch.setattr("dgl_scalegnn.train.run.run_training", lambda *a, **k: {"steps": 0})
+    note = "no --config or --data: training the built-in synthetic graph"
     assert cli_main(["train"]) == 0
-    assert "no --config or --data: training the built-in synthetic graph" in (
-        capsys.readouterr().err
-    )
+    said = capsys.readouterr()
+    assert note in said.out and said.err == ""
+    assert cli_main(["train", "--json"]) == 0
+    said = capsys.readouterr()
+    assert note in said.err and note not in said.out
+    assert cli_main(["train", "--set", "data.name=cora"]) == 0
+    assert note not in str(capsys.readouterr())
 
 
 @pytest.mark.parametrize("command", ["train", "prepare", "plan", "report", "export", "predict"])

@@ -200,7 +200,7 @@ def test_stale_and_interrupted_caches_are_rebuilt(cache_dir, tmp_path, capsys):
     path = tmp_path / "graph.bin"
     dataset = random_dataset()
     dgl.save_graphs(str(path), [dataset.graph], {"num_classes": torch.tensor([5])})
-    cfg = DataConfig(name="dgl", path=str(path), permutation_seed=1)
+    cfg = DataConfig(name="dgl", path=str(path), permutation_seed=1, feature_norm="none")
     directory = prepare_cached(cfg, TINY)
     dataset = random_dataset(seed=9)  # the file is replaced by another graph
     dgl.save_graphs(str(path), [dataset.graph], {"num_classes": torch.tensor([5])})

@@ -19,8 +19,9 @@ Example
 >>> features = np.array([[1.0, 3.0], [0.0, 0.0], [2.0, 2.0]], dtype=np.float32)
 >>> scale_features(features, "row").tolist()
 [[0.25, 0.75], [0.0, 0.0], [0.5, 0.5]]
->>> scale_features(features, "standardize", column_moments([features])).round(3).tolist()
-[[0.0, 1.225], [-1.225, -1.225], [1.225, 0.0]]
+>>> standard = scale_features(features, "standardize", column_moments([features]))
+>>> standard.astype(np.float64).round(3).tolist()
+[[0.0, 1.069], [-1.225, -1.336], [1.225, 0.267]]
 """
 
 from __future__ import annotations
