@@ -280,14 +280,24 @@ WINDOWS = {
 }
 
 
+@pytest.fixture(scope="module")
+def step_two_run(tmp_path_factory):
+    """The output.dir of one process trained to step 2, with its checkpoint of step 2."""
+    tmp_path = tmp_path_factory.mktemp("step-two")
+    results, _ = _run(tmp_path, "first", "1x1x1x1", _config(tmp_path / "run", max_steps=2))
+    _ok(results)
+    return tmp_path / "run"
+
+
 @pytest.mark.parametrize("window", list(WINDOWS))
-def test_replacing_a_checkpoint_killed_anywhere_leaves_one_to_resume(tmp_path, window):
+def test_replacing_a_checkpoint_killed_anywhere_leaves_one_to_resume(
+    tmp_path, window, step_two_run
+):
     """A second run in the same output.dir (other sampling seed: other state) writes step
     2 again and dies at each point of the replacement: resume then finds a complete
     checkpoint of step 2 and refuses nothing."""
+    shutil.copytree(step_two_run, tmp_path / "run")
     config = _config(tmp_path / "run", max_steps=2)
-    results, _ = _run(tmp_path, "first", "1x1x1x1", config)
-    _ok(results)
     other = {**config, "sampling": {**config["sampling"], "seed": 7}}
     code, output, _ = _window(tmp_path, "second", other, WINDOWS[window])
     assert code == KILLED, output[-2000:]
