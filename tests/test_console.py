@@ -88,6 +88,8 @@ def test_the_closing_summary_names_best_validation_target_memory_and_files():
         {
             "event": "summary",
             "best_val_acc": 0.7,
+            "best_val_step": 2,
+            "best_val_epoch": 1,
             "test_at_best_val": 0.65,
             "time_to_target_s": None,
             "epochs": 2,
@@ -175,3 +177,25 @@ def test_version(capsys):
     with pytest.raises(SystemExit):
         cli_main(["--version"])
     assert capsys.readouterr().out.strip() == "scalegnn 0.1.0"
+
+
+def test_after_a_resume_the_summary_names_the_best_evaluation_before_it(tmp_path, capsys):
+    """The best validation of a resumed run may come from an evaluation before the
+    resume, which this process never printed: the summary names its step all the same
+    (the old console named the best evaluation it had seen)."""
+    config = {**TINY, "output": {"dir": str(tmp_path / "run"), "checkpoint_every": 6}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    metrics = tmp_path / "run.jsonl"
+    argv = ["train", "--config", str(path), "--metrics", str(metrics)]
+    assert cli_main([*argv, "--set", "train.epochs=1"]) == 0
+    capsys.readouterr()
+    # lr 1e-30: the resumed model stays as it was, so no later evaluation beats step 6
+    assert cli_main([*argv, "--resume", "--set", "optim.lr=1e-30"]) == 0
+    out = capsys.readouterr().out
+    [before] = [e for e in read_metrics(metrics, "eval") if e["step"] == 6]
+    assert f"resumed from step 6 of {tmp_path / 'run' / 'checkpoints'}" in out
+    assert [line.split(" | ")[1] for line in out.splitlines() if line.startswith("Epoch")] == [
+        "Step 12"
+    ]
+    assert f"best     validation {before['val_acc']:.4f} at step 6 (epoch 1); " in out

@@ -77,7 +77,6 @@ class Console:
         self._step_seconds: list[float] = []
         self._pending: str | None = None  # a loss line, dropped if an evaluation follows
         self._eval_seconds = 0.0
-        self._best: tuple[float, int, int] | None = None  # validation, step, epoch
 
     # ------------------------------------------------------------------ output
     def _say(self, text: str) -> None:
@@ -186,9 +185,6 @@ class Console:
         )
         self._losses, self._step_seconds = [], []
         self._eval_seconds += record["eval_s"]
-        val = record["val_acc"]
-        if val is not None and (self._best is None or val > self._best[0]):
-            self._best = (val, record["step"], record["epoch"])
 
     # ---------------------------------------------------------------- closing
     def _on_summary(self, record: dict[str, Any]) -> None:
@@ -199,12 +195,13 @@ class Console:
             f"{record['train_s']:.1f} s of training ({self._eval_seconds:.1f} s of evaluation "
             "besides)"
         )
-        if record["best_val_acc"] is not None and self._best is not None:
-            _, step, epoch = self._best
+        if record["best_val_acc"] is not None:
+            # the trainer's step: the best may be an evaluation before a resume
+            step = record.get("best_val_step")
+            where = "" if step is None else f" at step {step} (epoch {record['best_val_epoch']})"
             test = _accuracy(record["test_at_best_val"]).strip()
             self._say(
-                f"  best     validation {record['best_val_acc']:.4f} at step {step} (epoch "
-                f"{epoch}); test there {test}"
+                f"  best     validation {record['best_val_acc']:.4f}{where}; test there {test}"
             )
         elif record["test_at_best_val"] is not None:
             test = _accuracy(record["test_at_best_val"]).strip()

@@ -93,6 +93,7 @@ class _Progress:
     global_step: int = 0
     train_seconds: float = 0.0
     best_val: float = -1.0
+    best_val_step: int = -1  # the global step evaluated there (kept across a resume)
     test_at_best_val: float = 0.0
     time_to_target: float | None = None
     evaluated_step: int = -1
@@ -362,6 +363,11 @@ class Trainer:
         summary = {
             # None where nothing was evaluated, or nothing could be selected on
             "best_val_acc": progress.best_val if progress.best_val >= 0 else None,
+            # None also for a checkpoint written before the step was kept
+            "best_val_step": progress.best_val_step if progress.best_val_step >= 0 else None,
+            "best_val_epoch": progress.best_val_step // self.steps_per_epoch
+            if progress.best_val_step >= 0
+            else None,
             "test_at_best_val": progress.test_at_best_val if progress.evaluated_step >= 0 else None,
             "time_to_target_s": progress.time_to_target,
             "epochs": progress.epoch,
@@ -504,6 +510,7 @@ class Trainer:
             progress.test_at_best_val = accuracy["test_acc"]  # no selection: the latest
         elif accuracy["val_acc"] > progress.best_val:
             progress.best_val, progress.test_at_best_val = accuracy["val_acc"], accuracy["test_acc"]
+            progress.best_val_step = progress.global_step
         target = cfg.train.target_acc
         reached = target is not None and accuracy[cfg.train.target_metric] >= target
         if reached and progress.time_to_target is None:
