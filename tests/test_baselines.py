@@ -524,3 +524,18 @@ def test_results_in_git_are_summaries_and_the_whole_results_stay_beside_them(tmp
         ["git", "check-ignore", "benchmarks/results/raw/demo.json"], cwd=ROOT, capture_output=True
     )
     assert ignored.returncode == 0  # git ignores the whole results
+
+
+def test_distdgl_reads_a_users_graph_as_scalegnn_train_data_does(tmp_path) -> None:
+    """``--graph``: DistDGL's graph is the file, with the features training sees (rows
+    scaled to sum 1, ``data.feature_norm: auto``), not the synthetic graph."""
+    graph = generate(SyntheticConfig(num_nodes=300, num_features=6, num_classes=3)).graph
+    graph.ndata["feat"] = graph.ndata["feat"].abs() + 0.1
+    path = tmp_path / "graph.bin"
+    dgl.save_graphs(str(path), [graph])
+    dataset = distdgl.bench_dataset(str(path), num_nodes=50_000)
+    assert dataset.num_nodes == 300 and dataset.num_classes == 3
+    feat = graph.ndata["feat"]
+    torch.testing.assert_close(dataset.graph.ndata["feat"], feat / feat.sum(1, keepdim=True))
+    assert torch.equal(dataset.graph.ndata["label"], graph.ndata["label"])
+    assert distdgl.bench_dataset(None, num_nodes=500).num_nodes == 500

@@ -33,7 +33,9 @@ Processes
     once with the tail of its log.
 
 Run ``python -m benchmarks.baselines.distdgl --procs 1 2 4 --num-nodes 50000`` (or
-``make distdgl``).
+``make distdgl``); ``--graph GRAPH.bin`` (``make distdgl DISTDGL_GRAPH=GRAPH.bin``) runs
+on a ``dgl.save_graphs`` file instead, read as ``scalegnn train --data`` reads it (same
+features, labels, split and feature scaling), so the two compare on one graph.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ from benchmarks.baselines.distdgl_worker import MACHINE_ENV, RANK_ENV, WORLD_ENV
 from benchmarks.baselines.graphsage import DEFAULTS as GRAPHSAGE_DEFAULTS
 from benchmarks.baselines.training import machine_cores, mean_std
 from dgl_scalegnn._dgl import dgl, graphbolt_stubbed
-from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.config import DataConfig, SyntheticConfig
+from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.data.synthetic import generate
 
@@ -76,6 +79,7 @@ __all__ = [
     "launch",
     "run",
     "smoke_run",
+    "bench_dataset",
     "main",
 ]
 
@@ -615,6 +619,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("command", nargs="?", default="bench", choices=("bench", "check"))
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--num-nodes", type=int, default=50_000)
+    parser.add_argument(
+        "--graph", default=None, help="a dgl.save_graphs file instead of the synthetic graph"
+    )
     parser.add_argument("--topology", default="auto", choices=TOPOLOGIES)
     parser.add_argument("--part-method", default="metis", choices=("metis", "random"))
     parser.add_argument("--target", type=float, default=0.87)
@@ -657,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_launch:
             print(_summary_line(smoke_run()), flush=True)
         return 0
-    dataset = generate(SyntheticConfig(num_nodes=args.num_nodes))
+    dataset = bench_dataset(args.graph, args.num_nodes)
     runs, failures = [], []
     for procs in args.procs:
         for seed in args.seeds:
@@ -680,6 +687,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{epoch['mean']:.2f} s/epoch, eval {row['eval_s_per_round']['mean']:.2f} s/round"
         )
     return 1 if failures else 0
+
+
+def bench_dataset(graph: str | None, num_nodes: int) -> NodeDataset:
+    """The graph of ``bench``: the file ``graph`` read as ``scalegnn train --data graph``
+    reads it (``data.name: dgl``, its features scaled as training scales them), or the
+    synthetic generator's default graph of ``num_nodes`` vertices."""
+    if graph is None:
+        return generate(SyntheticConfig(num_nodes=num_nodes))
+    return load_dataset(DataConfig(name="dgl", path=graph))
 
 
 def _bench_config(args: argparse.Namespace, seed: int) -> LaunchConfig:
@@ -707,7 +723,8 @@ def _write_bench(
     if not args.out:
         return summary
     payload = {
-        "num_nodes": args.num_nodes,
+        "graph": args.graph or "synthetic",
+        "num_nodes": args.num_nodes if args.graph is None else None,
         "target_acc": args.target,
         "runtime": check_runtime(),
         "summary": summary,
