@@ -51,6 +51,7 @@ __all__ = [
     "switch_on",
     "SPMM_KERNELS",
     "CPU_ONLY_KERNELS",
+    "SAMPLING_METHODS",
     "registry",
 ]
 
@@ -238,8 +239,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Uniform vertex sampling: ``batch_size`` vertices per step and DP group."""
+    """Vertex sampling (``method``, one of :data:`SAMPLING_METHODS`): ``batch_size``
+    vertices per step and DP group."""
 
+    method: str = "uniform"
     batch_size: int = 4096
     seed: int = 0
     prefetch: bool = False
@@ -365,6 +368,8 @@ _SECTIONS = ("data", "model", "sampling", "train", "parallel", "optim", "output"
 CPU_ONLY_KERNELS = ("dgl-scaled", "dgl-weighted")
 #: Every local SpMM kernel (``parallel.spmm_kernel`` also takes ``auto``).
 SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
+#: Every vertex sampler (``sampling.method``; see :mod:`dgl_scalegnn.sampling.sampler`).
+SAMPLING_METHODS = ("uniform",)
 #: The device each ``parallel.backend`` runs on.
 _BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
 #: Switches that take ``auto`` (decided by the device) besides true and false.
@@ -402,6 +407,7 @@ _CHOICES = {
     "parallel.device": ("auto", "cpu", "cuda"),
     "parallel.backend": ("auto", "gloo", "nccl"),
     "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),
+    "sampling.method": SAMPLING_METHODS,
     "optim.lr_schedule": ("constant", "cosine"),
     "model.residual_from": ("input", "aggregated"),
     "data.feature_norm": ("auto", *FEATURE_NORMS),

@@ -52,6 +52,7 @@ from dgl_scalegnn.parallel.norm import sum_of_squares_cost
 from dgl_scalegnn.parallel.products import linear_cost, spmm_cost
 from dgl_scalegnn.parallel.redistribute import redistribute_cost
 from dgl_scalegnn.sampling.full_graph import ChunkMemory, chunk_count
+from dgl_scalegnn.sampling.uniform import UniformSampler
 
 __all__ = [
     "Workload",
@@ -109,7 +110,7 @@ class Workload:
     @property
     def batch_nnz(self) -> float:
         """Expected entries of Ã_S: ``B`` self loops plus off-diagonal pairs kept with prob p."""
-        p = (self.batch_size - 1) / (self.num_nodes - 1)
+        p = UniformSampler(self.num_nodes, self.batch_size).scaling().p
         return self.batch_size + (self.nnz - self.num_nodes) * self.batch_size / self.num_nodes * p
 
     def steps_per_epoch(self, dp: int) -> int:

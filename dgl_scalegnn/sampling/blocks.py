@@ -12,7 +12,8 @@ column range ``[C0, C1)``. Given the sorted sample :math:`S` shared by its group
    clears the rest; measured 2-4x faster than a binary search in :math:`S_c`), and
    remap both ends to positions in :math:`S_r` (a binary search in the prefix sum, done
    only for kept entries) and :math:`S_c`;
-4. divide off-diagonal values by :math:`p`.
+4. divide off-diagonal values by :math:`p`, as the sampler's
+   :class:`~dgl_scalegnn.sampling.uniform.EdgeScaling` says.
 
 Everything is vectorised; no collective runs.
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from dgl_scalegnn.parallel.spmm import BlockCOO
-from dgl_scalegnn.sampling.uniform import rescale_off_diagonal
+from dgl_scalegnn.sampling.uniform import EdgeScaling
 
 __all__ = [
     "CSRBlock",
@@ -178,8 +179,9 @@ def gather_candidates(
     return Candidates(csr, row_ids, col_ids, positions, ends, codes, base)
 
 
-def compact(candidates: Candidates, num_kept: int, p: float) -> BlockCOO:
-    """The kept entries of ``candidates`` as a block (``num_kept`` read back by the caller)."""
+def compact(candidates: Candidates, num_kept: int, scaling: EdgeScaling) -> BlockCOO:
+    """The kept entries of ``candidates`` as a block rescaled by ``scaling`` (``num_kept``
+    read back by the caller)."""
     csr = candidates.csr
     kept = torch.nonzero_static(candidates.keep(), size=num_kept).squeeze(1)
     cols = candidates.codes.index_select(0, kept) - candidates.base
@@ -190,11 +192,11 @@ def compact(candidates: Candidates, num_kept: int, p: float) -> BlockCOO:
     return BlockCOO(
         rows=rows,
         cols=cols,
-        values=rescale_off_diagonal(values, diagonal, p),
+        values=scaling.apply(values, diagonal),
         diagonal=diagonal,
         row_scale=csr.row_scale.index_select(0, row_ids - csr.row_start),
         col_scale=csr.col_scale.index_select(0, col_ids - csr.col_start),
-        inv_p=1.0 / p,
+        inv_p=scaling.inverse,
         num_rows=int(row_ids.numel()),
         num_cols=int(col_ids.numel()),
     )
@@ -203,7 +205,7 @@ def compact(candidates: Candidates, num_kept: int, p: float) -> BlockCOO:
 def extract_block(
     csr: CSRBlock,
     sample: torch.Tensor,
-    p: float,
+    scaling: EdgeScaling | float,
     column_map: ColumnMap | None = None,
     spans: tuple[tuple[int, int], tuple[int, int]] | None = None,
 ) -> BlockCOO:
@@ -221,8 +223,10 @@ def extract_block(
     sample : torch.Tensor
         ``(B,)`` sorted global vertex ids shared by the data-parallel group, on the
         block's device.
-    p : float
-        Inclusion probability :math:`(B-1)/(N-1)`; 1 means no rescaling.
+    scaling : EdgeScaling or float
+        The sampler's scaling of ``sample``
+        (:meth:`~dgl_scalegnn.sampling.sampler.VertexSampler.scaling`); a float is its
+        ``p`` (1: no rescaling).
     column_map : ColumnMap, optional
         The block's persistent map (a fresh one is made when omitted).
     spans : ((int, int), (int, int)), optional
@@ -244,8 +248,10 @@ def extract_block(
         spans = (r_lo, r_hi), (c_lo, c_hi)
     if column_map is None:
         column_map = ColumnMap(csr.col_stop - csr.col_start, sample.device)
+    if not isinstance(scaling, EdgeScaling):
+        scaling = EdgeScaling(scaling)
     candidates = gather_candidates(csr, sample, spans, column_map)
-    return compact(candidates, int(candidates.num_kept()), p)
+    return compact(candidates, int(candidates.num_kept()), scaling)
 
 
 def full_block(csr: CSRBlock) -> BlockCOO:

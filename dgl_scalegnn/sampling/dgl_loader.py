@@ -14,7 +14,7 @@ import torch
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.normalize import gcn_normalize
-from dgl_scalegnn.sampling.uniform import inclusion_probability, rescale_off_diagonal
+from dgl_scalegnn.sampling.uniform import UniformSampler
 
 __all__ = ["gcn_norm_graph", "UniformVertexSampler"]
 
@@ -79,8 +79,6 @@ class UniformVertexSampler(dgl.dataloading.Sampler):
         if vertices.numel() < 2:  # a lone vertex keeps only its self loop: nothing to rescale
             return subgraph
         src, dst = subgraph.edges()
-        p = inclusion_probability(g.num_nodes(), vertices.numel())
-        subgraph.edata[self.weight] = rescale_off_diagonal(
-            subgraph.edata[self.weight], src == dst, p
-        )
+        scaling = UniformSampler(g.num_nodes(), vertices.numel()).scaling()
+        subgraph.edata[self.weight] = scaling.apply(subgraph.edata[self.weight], src == dst)
         return subgraph

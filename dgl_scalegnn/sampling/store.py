@@ -11,9 +11,9 @@ At start-up a rank reads from the (memory-mapped) prepared graph only:
 
 Planes whose row and column ranges coincide on this rank (all of them on one process)
 share one block, and its extraction. Per step, :meth:`RankStore.batch` builds the rank's
-mini-batch from a shared sorted sample with no communication (Algorithm 2,
-:func:`~dgl_scalegnn.sampling.blocks.extract_block`); evaluation reads the blocks as
-they are (:meth:`RankStore.full_graph`).
+mini-batch from a shared sorted sample and the sampler's scaling with no communication
+(Algorithm 2, :func:`~dgl_scalegnn.sampling.blocks.extract_block`); evaluation reads the
+blocks as they are (:meth:`RankStore.full_graph`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dgl_scalegnn.sampling.blocks import (
     gathered_count,
 )
 from dgl_scalegnn.sampling.full_graph import FullGraph
-from dgl_scalegnn.sampling.uniform import inclusion_probability
+from dgl_scalegnn.sampling.uniform import EdgeScaling, UniformSampler
 
 __all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees", "release_pages"]
 
@@ -204,16 +204,21 @@ class RankStore:
         coord = self.grid.coord
         return rows.range(plane.rows, coord(plane.rows)), rows.range(plane.cols, coord(plane.cols))
 
-    def batch(self, sample: torch.Tensor, step: int) -> RankBatch:
+    def batch(
+        self, sample: torch.Tensor, step: int, scaling: EdgeScaling | None = None
+    ) -> RankBatch:
         """This rank's mini-batch for the sorted sample ``sample`` (no communication).
 
         Give the sample where the sampler drew it (the CPU): the partition offsets, every
         block's row and column spans and its gathered entry count are read there, and
         only the ids are copied to the device. The device is waited for once, for the
         kept entry counts of all blocks together
-        (:func:`~dgl_scalegnn.sampling.blocks.compact`).
+        (:func:`~dgl_scalegnn.sampling.blocks.compact`). ``scaling`` is the sampler's
+        (:meth:`~dgl_scalegnn.sampling.sampler.VertexSampler.scaling`); without it, that
+        of a uniform sample of ``sample``'s size.
         """
-        p = inclusion_probability(self.num_nodes, int(sample.numel()))
+        if scaling is None:
+            scaling = UniformSampler(self.num_nodes, int(sample.numel())).scaling()
         rows = RowPartition.of(sample, self.num_nodes, self.grid.shape, device=self.device)
         planes = {ranges: plane for plane, ranges in self._range_of.items()}  # one per block
         spans = {ranges: self._spans(rows, plane) for ranges, plane in planes.items()}
@@ -235,7 +240,7 @@ class RankStore:
         }
         kept = torch.stack([c.num_kept() for c in candidates.values()]).tolist()  # the wait
         spmm = {
-            ranges: build_local_spmm(compact(c, num_kept, p), self.kernel)
+            ranges: build_local_spmm(compact(c, num_kept, scaling), self.kernel)
             for (ranges, c), num_kept in zip(candidates.items(), kept)
         }
         feature_rows = self._local(rows, INPUT_LAYOUT.rows, self.feature_rows[0])

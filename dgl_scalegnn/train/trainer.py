@@ -25,7 +25,6 @@ import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, ConfigError
 from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
-from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime
@@ -34,8 +33,8 @@ from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.prefetch import Prefetcher
+from dgl_scalegnn.sampling.sampler import build_sampler
 from dgl_scalegnn.sampling.store import RankStore
-from dgl_scalegnn.sampling.uniform import sample_vertices
 from dgl_scalegnn.train.checkpoint import (
     choose_checkpoint,
     load_checkpoint,
@@ -159,8 +158,9 @@ class Trainer:
                 )
         self.cfg, self.runtime, self.metrics = cfg, runtime, metrics
         self.grid = runtime.grid
-        self.num_nodes = meta.num_nodes
         self.device = torch.device(device)
+        #: ``sampling.method``'s sampler: this rank's DP group's vertices of each step.
+        self.sampler = build_sampler(cfg.sampling, meta.num_nodes, group=self.grid.coords.d)
         self.store = RankStore(
             graph, self.grid, cfg.model.layers, cfg.parallel.spmm_kernel, self.device
         )
@@ -255,10 +255,9 @@ class Trainer:
 
     def sample(self, global_step: int) -> RankBatch:
         """This rank's batch of ``global_step`` (no communication)."""
-        seed = step_seed(self.cfg.sampling.seed, self.grid.coords.d, global_step)
         with self.runtime.profiler.region("sampling"):
-            vertices = sample_vertices(self.num_nodes, self.cfg.sampling.batch_size, seed)
-            return self.store.batch(vertices, global_step)  # CPU sample: see RankStore.batch
+            vertices = self.sampler.draw(global_step)  # on the CPU: see RankStore.batch
+            return self.store.batch(vertices, global_step, self.sampler.scaling())
 
     def train_step(self, batch: RankBatch) -> float:
         """Forward, backward, DP average, the ranks' agreement and one optimizer step;
