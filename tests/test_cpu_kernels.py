@@ -21,7 +21,7 @@ from dgl_scalegnn.core.layout import INPUT_LAYOUT
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.parallel import cpu_kernels
 from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_mask
-from dgl_scalegnn.parallel.elementwise import LayerTail, LocalRows
+from dgl_scalegnn.parallel.elementwise import LayerTail, LocalRows, TailArgs
 from dgl_scalegnn.parallel.norm import rms_norm
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 
@@ -103,20 +103,29 @@ def test_native_forward_is_the_eager_forward_bit_for_bit():
     inv_rms = torch.rsqrt(square_sums[1] / 40 + 1e-6)
     row_hash, col_hash = dropout_hashes(9, torch.arange(257), 0, 40)
     gain = values["gain"]
+    common = dict(x=x, residual=values["res"], row_hash=row_hash, col_hash=col_hash, width=40)
     cases = ((gain, True, 0.25), (gain, True, 0.0), (gain, False, 0.0), (None, True, 0.25))
     for case_gain, relu, rate in cases:
         case_inv_rms = None if case_gain is None else inv_rms
-        args = (x, case_inv_rms, case_gain, values["res"], row_hash, col_hash, rate, relu, relu)
+        args = TailArgs(
+            **common,
+            gain=case_gain,
+            rate=rate,
+            relu=relu,
+            eps=0.0,
+            keep_mask=relu,
+            inv_rms=case_inv_rms,
+        )
         (got, got_live, _), (expected, expected_live, _) = (
-            t.run("forward", *args) for t in (native, eager)
+            t.run("forward", args) for t in (native, eager)
         )
         assert got[3].isnan().any()
         torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
         assert (got_live is None and expected_live is None) or torch.equal(got_live, expected_live)
     # With the square sums in the same pass (no inv_rms given): equal to their rounding.
-    args = (x, None, gain, values["res"], row_hash, col_hash, 0.25, True, True, 40, 1e-6)
+    args = TailArgs(**common, gain=gain, rate=0.25, relu=True, eps=1e-6, keep_mask=True)
     (got, got_live, got_inv), (expected, expected_live, expected_inv) = (
-        t.run("forward", *args) for t in (native, eager)
+        t.run("forward", args) for t in (native, eager)
     )
     torch.testing.assert_close(got_inv, expected_inv, equal_nan=True)
     torch.testing.assert_close(got, expected, equal_nan=True)
@@ -147,7 +156,7 @@ def test_tensors_the_kernels_cannot_take_run_eagerly():
 @pytest.mark.parametrize("native", [True, False])
 def test_rms_norm_matches_float64_autograd_on_both_kernels(monkeypatch, native):
     calls = {"native": 0}
-    for name in ("row_square_sums", "tail_forward", "norm_backward"):
+    for name in ("row_square_sums", "tail_forward", "tail_backward"):
         original = getattr(cpu_kernels, name)
 
         def counted(*args, _original=original, **kwargs):

@@ -13,7 +13,9 @@ is reused only if it and its manifest (``cpu_kernels_<key>.json``, the SHA-256 o
 was compiled) belong to this user, are writable by no one else, and the library's
 SHA-256 is the one recorded; otherwise it is built again, with one log line saying why.
 Where no compiler works, or for tensors that are not float32 on CPU (CUDA, bfloat16),
-the callers run their eager torch kernels: :func:`usable` tells them.
+the callers run their eager torch kernels: :func:`usable` tells them. The tail's
+kernels of every kind take their arguments as one record (:class:`TailArgs` forward,
+:class:`TailGradArgs` backward), defined here, the lowest module that reads them.
 
 >>> x = torch.tensor([[3.0, -4.0]])
 >>> out = torch.empty(1, 1)
@@ -35,20 +37,25 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from dgl_scalegnn.config import ConfigError, default_cache_dir
+from dgl_scalegnn.parallel.dropout_hash import keep_threshold
 
 __all__ = [
+    "TailArgs",
+    "TailOutputs",
+    "TailGradArgs",
     "load",
     "usable",
     "row_square_sums",
     "tail_forward",
-    "norm_backward",
+    "tail_backward",
     "add_row_scaled",
-    "masked_grad",
 ]
 
 _log = logging.getLogger(__name__)
@@ -75,6 +82,148 @@ _CTYPES = {
     "f": ctypes.c_float,
     "s": ctypes.c_int32,
 }
+
+
+def _rows(tensor: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if tensor is None else tensor[rows]
+
+
+@dataclass(frozen=True)
+class TailArgs:
+    """The arguments of the layer tail's forward kernel, whichever kind runs it (eager,
+    compiled or native), for all rows of a shard or a block of them (:meth:`rows`).
+
+    Attributes
+    ----------
+    x : torch.Tensor
+        ``(rows, cols)``: the local shard.
+    gain : torch.Tensor or None
+        ``(cols,)``: the RMSNorm gain of this rank's columns; ``None`` without the norm.
+    residual : torch.Tensor or None
+        ``(rows, cols)``, added last; ``None`` without the residual.
+    row_hash, col_hash : torch.Tensor or None
+        ``(rows, 1)`` and ``(1, cols)``: the dropout hashes
+        (:func:`~dgl_scalegnn.parallel.dropout_hash.dropout_hashes`); ``None`` without
+        dropout.
+    rate : float
+        The dropout rate :math:`p` (0: no dropout).
+    relu : bool
+        ``False`` (the final RMSNorm: with the norm, no dropout, no mask) leaves the ReLU
+        out.
+    width : int
+        The global width :math:`d` of the rows, for the inverse RMS.
+    eps : float
+        The RMSNorm's :math:`\\epsilon`.
+    keep_mask : bool
+        Give ``live`` (:class:`TailOutputs`), for the backward.
+    inv_rms : torch.Tensor or None
+        ``(rows, 1)``: the rows' inverse RMS over the columns of every rank; with the
+        norm and ``None`` (the rows' columns are all here), the forward computes it from
+        ``x`` in the same pass, :math:`(s / d + \\epsilon)^{-1/2}` with :math:`s` the
+        row sums of squares.
+    """
+
+    x: torch.Tensor
+    gain: torch.Tensor | None
+    residual: torch.Tensor | None
+    row_hash: torch.Tensor | None
+    col_hash: torch.Tensor | None
+    rate: float
+    relu: bool
+    width: int
+    eps: float
+    keep_mask: bool = False
+    inv_rms: torch.Tensor | None = None
+
+    @property
+    def scale(self) -> float:
+        """The inverted dropout's scale :math:`1 / (1 - p)`."""
+        return 1.0 / (1.0 - self.rate)
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def rows(self, rows: slice) -> TailArgs:
+        """The arguments for a block of rows (the gain and column hashes are shared)."""
+        return replace(
+            self,
+            x=self.x[rows],
+            residual=_rows(self.residual, rows),
+            row_hash=_rows(self.row_hash, rows),
+            inv_rms=_rows(self.inv_rms, rows),
+        )
+
+
+class TailOutputs(NamedTuple):
+    """What the tail's forward kernel gives, or the buffers it writes that into.
+
+    ``y`` ``(rows, cols)``; ``live`` (only with ``keep_mask``) 0/1 bytes ``(rows, cols)``
+    marking the elements that pass ReLU and dropout, where the tail's derivative is
+    ``inv_rms * gain / (1 - rate)`` (elsewhere 0); ``inv_rms`` ``(rows, 1)``, ``None``
+    without the norm.
+    """
+
+    y: torch.Tensor
+    live: torch.Tensor | None
+    inv_rms: torch.Tensor | None
+
+    def rows(self, rows: slice) -> TailOutputs:
+        """The outputs' views of a block of rows."""
+        return TailOutputs(self.y[rows], _rows(self.live, rows), _rows(self.inv_rms, rows))
+
+
+@dataclass(frozen=True)
+class TailGradArgs:
+    """The arguments of the tail's backward kernel: the gradient of ``y`` and what the
+    forward kept (for all rows or a block of them, :meth:`rows`).
+
+    Attributes
+    ----------
+    grad : torch.Tensor
+        ``(rows, cols)``: the gradient of ``y``.
+    live : torch.Tensor or None
+        The forward's ``live`` (:class:`TailOutputs`); ``None``: all ones.
+    x, inv_rms, gain : torch.Tensor or None
+        The forward's input, inverse RMS and gain; ``None`` without the norm.
+    rate : float
+        The dropout rate :math:`p`.
+    width : int
+        The global width :math:`d` of the rows.
+    finish : bool
+        The square sums ``s`` were summed over this rank's columns only: the gradient of
+        ``x`` includes its part through them, :math:`2 x\\, \\partial s`; otherwise the
+        caller adds it once :math:`\\partial s` is summed over the other columns' ranks.
+    """
+
+    grad: torch.Tensor
+    live: torch.Tensor | None
+    x: torch.Tensor | None
+    inv_rms: torch.Tensor | None
+    gain: torch.Tensor | None
+    rate: float
+    width: int
+    finish: bool
+
+    @property
+    def scale(self) -> float:
+        """The inverted dropout's scale :math:`1 / (1 - p)`."""
+        return 1.0 / (1.0 - self.rate)
+
+    @property
+    def device(self) -> torch.device:
+        return self.grad.device
+
+    def rows(self, rows: slice) -> TailGradArgs:
+        """The arguments for a block of rows (the gain is shared)."""
+        return replace(
+            self,
+            grad=self.grad[rows],
+            live=_rows(self.live, rows),
+            x=_rows(self.x, rows),
+            inv_rms=_rows(self.inv_rms, rows),
+        )
+
 
 _library: ctypes.CDLL | None = None
 _load_failure: str | None = None
@@ -240,74 +389,68 @@ def row_square_sums(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def tail_forward(
-    x: torch.Tensor,
-    inv_rms: torch.Tensor | None,
-    gain: torch.Tensor | None,
-    scale: float,
-    relu: bool,
-    residual: torch.Tensor | None,
-    row_hash: torch.Tensor | None,
-    col_hash: torch.Tensor | None,
-    threshold: int,
-    width: int,
-    eps: float,
-    out: torch.Tensor,
-    live_out: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """The tail's forward (see ``cpu_kernels.c``) into ``out`` and, if given,
-    ``live_out``. ``gain`` (``None``: no norm) already carries the dropout scale;
-    ``scale`` is used only without the norm; ``row_hash`` ``None`` means no dropout.
-    With the norm and ``inv_rms`` ``None`` (the rows' columns are all here) the inverse
-    RMS is computed in the same pass (``width``, ``eps``); returns ``inv_rms``."""
-    x, inv_rms, gain, residual, row_hash, col_hash = (
-        None if t is None else t.contiguous()
-        for t in (x, inv_rms, gain, residual, row_hash, col_hash)
+def tail_forward(args: TailArgs) -> TailOutputs:
+    """The tail's forward (see ``cpu_kernels.c``) as one loop, with the same operations
+    in the same order as the eager kernel; where ``args.inv_rms`` is ``None`` with the
+    norm, the inverse RMS is computed in the same pass."""
+    x, inv_rms, residual = (
+        None if t is None else t.contiguous() for t in (args.x, args.inv_rms, args.residual)
     )
     rows, cols = x.shape
+    scale, dropout = args.scale, args.rate > 0
+    # the kernel takes the gain with the dropout scale in it, and `scale` only without it
+    gain = None if args.gain is None else (args.gain * scale).contiguous()
+    row_hash, col_hash = (
+        t.contiguous() if dropout else None for t in (args.row_hash, args.col_hash)
+    )
     compute_rms = gain is not None and inv_rms is None
     if compute_rms:
         inv_rms = x.new_empty(rows, 1)
+    y = torch.empty_like(x)
+    live = torch.empty_like(x, dtype=torch.uint8) if args.keep_mask else None
     _call(
         "tail_forward",
         _ptr(x),
         _ptr(inv_rms),
         int(compute_rms),
-        float(width),
-        eps,
+        float(args.width),
+        args.eps,
         _ptr(gain),
         scale,
-        int(relu),
+        int(args.relu),
         _ptr(residual),
         _ptr(row_hash),
         _ptr(col_hash),
-        threshold,
-        _ptr(out),
-        _ptr(live_out),
+        keep_threshold(args.rate) if dropout else 0,
+        _ptr(y),
+        _ptr(live),
         rows,
         cols,
         torch.get_num_threads(),
     )
-    return inv_rms
+    return TailOutputs(y, live, inv_rms)
 
 
-def norm_backward(
-    grad: torch.Tensor,
-    live: torch.Tensor | None,
-    x: torch.Tensor,
-    inv_rms: torch.Tensor,
-    gain: torch.Tensor,
-    width: int,
-    finish: bool,
+def tail_backward(
+    args: TailGradArgs,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The tail's backward as one loop: gradients of ``x``, of the square sums and of the
+    gain (the last two ``None`` without the norm), as the eager kernel's."""
+    if args.inv_rms is None:
+        return _masked_grad(args.grad, args.live, args.scale if args.rate > 0 else 1.0), None, None
+    # the dropout scale enters as part of the gain; its gradient is the gain's times scale
+    grad_x, grad_square_sum, grad_scaled_gain = _norm_backward(args, args.gain * args.scale)
+    return grad_x, grad_square_sum, grad_scaled_gain * args.scale
+
+
+def _norm_backward(
+    args: TailGradArgs, gain: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :math:`y = (\\mathrm{live} \\odot x\\, r) \\odot \\gamma` with
-    :math:`r = (s / d + \\epsilon)^{-1/2}`: of ``x``, of the square sums ``s`` and of the
-    gain (``live`` ``None``: all ones). ``finish``: ``s`` was summed over this rank's
-    columns only, so the gradient of ``x`` includes the part through ``s``,
-    :math:`2 x\\, \\partial s`; otherwise the caller adds it (:func:`add_row_scaled`)
-    once :math:`\\partial s` is summed over the other columns' ranks."""
-    grad, x, inv_rms, gain = (t.contiguous() for t in (grad, x, inv_rms, gain))
-    live = None if live is None else live.contiguous()
+    :math:`r = (s / d + \\epsilon)^{-1/2}` and :math:`\\gamma` ``gain``: of ``x``, of the
+    square sums ``s`` and of the gain."""
+    grad, x, inv_rms, gain = (t.contiguous() for t in (args.grad, args.x, args.inv_rms, gain))
+    live = None if args.live is None else args.live.contiguous()
     rows, cols = grad.shape
     threads = torch.get_num_threads()
     grad_x = torch.empty_like(grad)
@@ -320,16 +463,34 @@ def norm_backward(
         _ptr(x),
         _ptr(inv_rms),
         _ptr(gain),
-        float(width),
+        float(args.width),
         _ptr(grad_square_sum),
         _ptr(gain_partials),
         _ptr(grad_x),
-        int(finish),
+        int(args.finish),
         rows,
         cols,
         threads,
     )
     return grad_x, grad_square_sum, gain_partials.sum(dim=0)
+
+
+def _masked_grad(grad: torch.Tensor, live: torch.Tensor, scale: float) -> torch.Tensor:
+    """``grad * live * scale`` (the tail's backward without the norm)."""
+    grad, live = grad.contiguous(), live.contiguous()
+    rows, cols = grad.shape
+    grad_x = torch.empty_like(grad)
+    _call(
+        "masked_grad",
+        _ptr(grad),
+        _ptr(live),
+        scale,
+        _ptr(grad_x),
+        rows,
+        cols,
+        torch.get_num_threads(),
+    )
+    return grad_x
 
 
 def add_row_scaled(grad_x: torch.Tensor, x: torch.Tensor, row_grad: torch.Tensor) -> torch.Tensor:
@@ -341,24 +502,6 @@ def add_row_scaled(grad_x: torch.Tensor, x: torch.Tensor, row_grad: torch.Tensor
         _ptr(grad_x),
         _ptr(x),
         _ptr(row_grad),
-        rows,
-        cols,
-        torch.get_num_threads(),
-    )
-    return grad_x
-
-
-def masked_grad(grad: torch.Tensor, live: torch.Tensor, scale: float) -> torch.Tensor:
-    """``grad * live * scale`` (the tail's backward without the norm)."""
-    grad, live = grad.contiguous(), live.contiguous()
-    rows, cols = grad.shape
-    grad_x = torch.empty_like(grad)
-    _call(
-        "masked_grad",
-        _ptr(grad),
-        _ptr(live),
-        scale,
-        _ptr(grad_x),
         rows,
         cols,
         torch.get_num_threads(),

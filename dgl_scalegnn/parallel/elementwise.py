@@ -26,23 +26,30 @@ kernels into one loop each (for GPUs, where the eager kernels' blocks are many s
 launches; it measured slower than eager on CPU, so ``auto``, the default, compiles for
 CUDA tensors only), and a compiler failure in either (the backward one is compiled at
 the first backward) switches the tail to the eager kernels for the rest of the run,
-with one log line. :attr:`LayerTail.calls` counts what ran.
+with one log line. :attr:`LayerTail.calls` counts what ran. Every kernel kind takes its
+arguments as one record: :class:`~dgl_scalegnn.parallel.cpu_kernels.TailArgs` forward,
+:class:`~dgl_scalegnn.parallel.cpu_kernels.TailGradArgs` backward.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import fields, is_dataclass, replace
 from typing import Any, Protocol
 
 import torch
 
 from dgl_scalegnn.config import switch_on
 from dgl_scalegnn.parallel import cpu_kernels
-from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_keep, keep_threshold
+from dgl_scalegnn.parallel.cpu_kernels import TailArgs, TailGradArgs, TailOutputs
+from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_keep
 from dgl_scalegnn.profiling import Profiler
 
 __all__ = [
+    "TailArgs",
+    "TailOutputs",
+    "TailGradArgs",
     "hashed_dropout",
     "tail_forward",
     "tail_backward",
@@ -79,73 +86,50 @@ def hashed_dropout(
     return torch.mul(x, dropout_keep(row_hash, col_hash, rate)).mul_(1.0 / (1.0 - rate))
 
 
-def tail_forward(
-    x: torch.Tensor,
-    inv_rms: torch.Tensor | None,
-    gain: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    row_hash: torch.Tensor | None,
-    col_hash: torch.Tensor | None,
-    rate: float,
-    keep_mask: bool,
-    relu: bool = True,
-    width: int = 0,
-    eps: float = 0.0,
-    out: torch.Tensor | None = None,
-    live_out: torch.Tensor | None = None,
-    inv_rms_out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The tail's forward kernel: ``(y, live, inv_rms)``.
+def tail_forward(args: TailArgs, out: TailOutputs | None = None) -> TailOutputs:
+    """The tail's forward kernel (eager, or compiled with fusion on): ``(y, live,
+    inv_rms)`` (:class:`TailOutputs`), with ``inv_rms`` computed in the same pass where
+    ``args`` has the norm and no ``inv_rms``. ``out``, if given, receives the outputs
+    in those of its buffers that are not ``None`` (no copy).
 
-    ``gain`` ``(cols,)`` is ``None`` without RMSNorm; with it, ``inv_rms`` ``(rows, 1)``
-    is the rows' inverse RMS or, for rows whose columns are all here, ``None``: then it
-    is computed from ``x`` in the same pass, :math:`(s / d + \\epsilon)^{-1/2}` with
-    ``width`` :math:`d` and ``eps``, and returned. ``residual`` ``None`` without the
-    residual, ``row_hash`` ``(rows, 1)`` and ``col_hash`` ``(1, cols)`` ``None`` without
-    dropout (``rate`` 0). ``live`` (0/1 ``(rows, cols)`` bytes, only if ``keep_mask``)
-    marks the elements that pass ReLU and dropout: the tail's derivative there is
-    ``inv_rms * gain / (1 - rate)``, elsewhere 0. ``relu`` ``False`` (the final RMSNorm:
-    with the norm, no dropout, no mask) leaves the ReLU out. ``out``, ``live_out`` and
-    ``inv_rms_out``, if given, receive ``y``, ``live`` and ``inv_rms`` (no copy).
+    >>> x = torch.tensor([[1.0, -2.0]])
+    >>> args = TailArgs(x, gain=None, residual=x, row_hash=None, col_hash=None, rate=0.0,
+    ...                 relu=True, width=2, eps=0.0)
+    >>> tail_forward(args).y
+    tensor([[ 2., -2.]])
     """
-    scale = 1.0 / (1.0 - rate)
+    x, gain, rate, scale = args.x, args.gain, args.rate, args.scale
+    y_out, live_out, inv_rms_out = (None, None, None) if out is None else out
+    inv_rms = args.inv_rms
     if gain is not None and inv_rms is None:
         inv_rms = torch.sum(x * x, dim=1, keepdim=True, out=inv_rms_out)
-        inv_rms = torch.rsqrt(inv_rms / width + eps, out=inv_rms_out)
+        inv_rms = torch.rsqrt(inv_rms / args.width + args.eps, out=inv_rms_out)
     if gain is not None:
         # A positive scale commutes with ReLU: fold the dropout scale into the gain.
-        z = torch.mul(x, inv_rms, out=out)
+        z = torch.mul(x, inv_rms, out=y_out)
         z.mul_(gain * scale)
-        if relu:
+        if args.relu:
             z.relu_()
     else:
-        z = torch.clamp_min(x, 0.0, out=out)
+        z = torch.clamp_min(x, 0.0, out=y_out)
         if rate > 0:
             z.mul_(scale)
     if rate > 0:
-        z.mul_(dropout_keep(row_hash, col_hash, rate))
+        z.mul_(dropout_keep(args.row_hash, args.col_hash, rate))
     live = None
     if live_out is not None:
         # z >= 0 here: its bits as an integer are > 0 exactly where z > 0 (+0.0 is 0,
         # -0.0 negative), and an integer comparison into bytes is the fast one on CPU
         live = torch.gt(z.view(_SAME_WIDTH_INT[z.dtype]), 0, out=live_out)
-    elif keep_mask:
+    elif args.keep_mask:
         live = (z > 0).to(torch.uint8)
-    if residual is not None:
-        z = z.add_(residual)
-    return z, live, inv_rms
+    if args.residual is not None:
+        z = z.add_(args.residual)
+    return TailOutputs(z, live, inv_rms)
 
 
 def tail_backward(
-    grad: torch.Tensor,
-    live: torch.Tensor | None,
-    x: torch.Tensor | None,
-    inv_rms: torch.Tensor | None,
-    gain: torch.Tensor | None,
-    rate: float,
-    width: int,
-    finish: bool,
-    out: torch.Tensor | None = None,
+    args: TailGradArgs, out: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """The tail's backward kernel: gradients of ``x``, the square sums and the gain.
 
@@ -153,23 +137,22 @@ def tail_backward(
     inverse RMS): :math:`\\partial x = g' \\gamma r`,
     :math:`\\partial \\gamma = \\sum_{rows} g' n` and
     :math:`\\partial s = -\\frac{r^3}{2d} \\sum_{cols} g' \\gamma x` (``None`` for the
-    last two without RMSNorm; ``live`` ``None``: all ones). ``finish``: ``s`` summed this
-    rank's columns only, so :math:`\\partial x` also gets its part through ``s``,
-    :math:`2 x\\, \\partial s` (:func:`add_square_sum_grad`); otherwise the caller adds
-    it once :math:`\\partial s` is complete. ``out``, if given, receives :math:`\\partial x`.
+    last two without RMSNorm). With ``args.finish``, :math:`\\partial x` also gets its
+    part through ``s``, :math:`2 x\\, \\partial s` (:func:`add_square_sum_grad`).
+    ``out``, if given, receives :math:`\\partial x`.
     """
-    scale = 1.0 / (1.0 - rate)
+    grad, live, scale = args.grad, args.live, args.scale
     masked = grad if live is None else torch.mul(grad, live, out=out)  # live: 0/1 bytes
-    if inv_rms is None:
-        return (masked.mul_(scale) if rate > 0 else masked), None, None
+    if args.inv_rms is None:
+        return (masked.mul_(scale) if args.rate > 0 else masked), None, None
     # the dropout scale enters as part of the gain; its gradient is the gain's times scale
     if out is None and live is not None:
         out = masked  # a fresh product: written over (never the incoming gradient)
     grad_x, grad_square_sum, grad_scaled_gain = rms_scale_backward(
-        masked, x, inv_rms, gain * scale, width, out=out
+        masked, args.x, args.inv_rms, args.gain * scale, args.width, out=out
     )
-    if finish:
-        add_square_sum_grad(grad_x, x, grad_square_sum)
+    if args.finish:
+        add_square_sum_grad(grad_x, args.x, grad_square_sum)
     return grad_x, grad_square_sum, grad_scaled_gain * scale
 
 
@@ -214,10 +197,6 @@ def row_blocks(x: torch.Tensor) -> list[slice]:
     return [slice(start, start + step) for start in range(0, x.shape[0], step)]
 
 
-def _rows(tensor: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
-    return None if tensor is None else tensor[rows]
-
-
 def square_sums_blocked(x: torch.Tensor) -> torch.Tensor:
     """Row sums of squares ``(rows, 1)``, block by block (no whole-matrix temporary)."""
     square_sum = x.new_empty(x.shape[0], 1)
@@ -227,71 +206,30 @@ def square_sums_blocked(x: torch.Tensor) -> torch.Tensor:
     return square_sum
 
 
-def tail_forward_blocked(
-    x: torch.Tensor,
-    inv_rms: torch.Tensor | None,
-    gain: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    row_hash: torch.Tensor | None,
-    col_hash: torch.Tensor | None,
-    rate: float,
-    keep_mask: bool,
-    relu: bool = True,
-    width: int = 0,
-    eps: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def tail_forward_blocked(args: TailArgs) -> TailOutputs:
     """:func:`tail_forward` block of rows by block of rows (the eager kernel; a block's
     square sums are taken while it is in cache)."""
-    y = torch.empty_like(x)
-    live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
-    local_norm = gain is not None and inv_rms is None
-    inv_rms_out = x.new_empty(x.shape[0], 1) if local_norm else None
+    x = args.x
+    local_norm = args.gain is not None and args.inv_rms is None
+    out = TailOutputs(
+        torch.empty_like(x),
+        torch.empty_like(x, dtype=torch.uint8) if args.keep_mask else None,
+        x.new_empty(x.shape[0], 1) if local_norm else None,
+    )
     for rows in row_blocks(x):  # each block is written in place into its rows of the outputs
-        tail_forward(
-            x[rows],
-            _rows(inv_rms, rows),
-            gain,
-            _rows(residual, rows),
-            _rows(row_hash, rows),
-            col_hash,
-            rate,
-            keep_mask,
-            relu,
-            width,
-            eps,
-            out=y[rows],
-            live_out=_rows(live, rows),
-            inv_rms_out=_rows(inv_rms_out, rows),
-        )
-    return y, live, inv_rms if inv_rms_out is None else inv_rms_out
+        tail_forward(args.rows(rows), out.rows(rows))
+    return out if local_norm else out._replace(inv_rms=args.inv_rms)
 
 
 def tail_backward_blocked(
-    grad: torch.Tensor,
-    live: torch.Tensor | None,
-    x: torch.Tensor | None,
-    inv_rms: torch.Tensor | None,
-    gain: torch.Tensor | None,
-    rate: float,
-    width: int,
-    finish: bool,
+    args: TailGradArgs,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """:func:`tail_backward` block of rows by block of rows (the eager kernel)."""
-    grad_x = torch.empty_like(grad)
-    grad_square_sum = None if inv_rms is None else torch.empty_like(inv_rms)
+    grad_x = torch.empty_like(args.grad)
+    grad_square_sum = None if args.inv_rms is None else torch.empty_like(args.inv_rms)
     grad_gain = None
-    for rows in row_blocks(grad):  # each block's gradient is written in place into grad_x
-        _, grad_square_sum_rows, grad_gain_rows = tail_backward(
-            grad[rows],
-            _rows(live, rows),
-            _rows(x, rows),
-            _rows(inv_rms, rows),
-            gain,
-            rate,
-            width,
-            finish,
-            out=grad_x[rows],
-        )
+    for rows in row_blocks(args.grad):  # each block's gradient is written in place into grad_x
+        _, grad_square_sum_rows, grad_gain_rows = tail_backward(args.rows(rows), out=grad_x[rows])
         if grad_square_sum is not None:
             grad_square_sum[rows] = grad_square_sum_rows
             grad_gain = grad_gain_rows if grad_gain is None else grad_gain.add_(grad_gain_rows)
@@ -311,60 +249,14 @@ def _square_sums_native(x: torch.Tensor) -> torch.Tensor:
     return cpu_kernels.row_square_sums(x, x.new_empty(x.shape[0], 1))
 
 
-def _tail_forward_native(
-    x: torch.Tensor,
-    inv_rms: torch.Tensor | None,
-    gain: torch.Tensor | None,
-    residual: torch.Tensor | None,
-    row_hash: torch.Tensor | None,
-    col_hash: torch.Tensor | None,
-    rate: float,
-    keep_mask: bool,
-    relu: bool = True,
-    width: int = 0,
-    eps: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """:func:`tail_forward` as one native loop (float32 CPU tensors)."""
-    scale = 1.0 / (1.0 - rate)
-    y = torch.empty_like(x)
-    live = torch.empty_like(x, dtype=torch.uint8) if keep_mask else None
-    dropout = rate > 0
-    inv_rms = cpu_kernels.tail_forward(
-        x,
-        inv_rms,
-        None if gain is None else gain * scale,
-        scale,
-        relu,
-        residual,
-        row_hash if dropout else None,
-        col_hash if dropout else None,
-        keep_threshold(rate) if dropout else 0,
-        width,
-        eps,
-        y,
-        live,
-    )
-    return y, live, inv_rms
-
-
-def _tail_backward_native(
-    grad: torch.Tensor,
-    live: torch.Tensor | None,
-    x: torch.Tensor | None,
-    inv_rms: torch.Tensor | None,
-    gain: torch.Tensor | None,
-    rate: float,
-    width: int,
-    finish: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """:func:`tail_backward` as one native loop (float32 CPU tensors)."""
-    scale = 1.0 / (1.0 - rate)
-    if inv_rms is None:
-        return cpu_kernels.masked_grad(grad, live, scale if rate > 0 else 1.0), None, None
-    grad_x, grad_square_sum, grad_scaled_gain = cpu_kernels.norm_backward(
-        grad, live, x, inv_rms, gain * scale, width, finish
-    )
-    return grad_x, grad_square_sum, grad_scaled_gain * scale
+def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
+    """The tensors a kernel reads: its tensor arguments and its records' tensor fields."""
+    values = [
+        value
+        for arg in args
+        for value in ([getattr(arg, f.name) for f in fields(arg)] if is_dataclass(arg) else [arg])
+    ]
+    return [value for value in values if isinstance(value, torch.Tensor)]
 
 
 class RowReducer(Protocol):
@@ -396,34 +288,16 @@ class _TailFn(torch.autograd.Function):
         x: torch.Tensor,
         gain: torch.Tensor | None,
         residual: torch.Tensor | None,
-        row_hash: torch.Tensor | None,
-        col_hash: torch.Tensor | None,
+        args: TailArgs,
         tail: LayerTail,
         statistics: RowReducer,
         profiler: Profiler,
-        width: int,
-        eps: float,
-        rate: float,
-        relu: bool,
     ):
-        # Without ReLU (a plain RMSNorm, no dropout) every element passes: no mask.
-        y, live, inv_rms = tail.forward(
-            x,
-            gain,
-            residual,
-            row_hash,
-            col_hash,
-            statistics,
-            profiler,
-            width,
-            eps,
-            rate,
-            relu,
-            keep_mask=relu,
-        )
+        # x, gain and residual are those of args, given apart for autograd to track them
+        y, live, inv_rms = tail.forward(args, statistics, profiler)
         ctx.save_for_backward(live, *((x, inv_rms, gain) if inv_rms is not None else ()))
         ctx.tail, ctx.statistics, ctx.profiler = tail, statistics, profiler
-        ctx.width, ctx.rate = width, rate
+        ctx.width, ctx.rate = args.width, args.rate
         return y
 
     @staticmethod
@@ -431,24 +305,24 @@ class _TailFn(torch.autograd.Function):
         live, *norm = ctx.saved_tensors
         x, inv_rms, gain = norm if norm else (None, None, None)
         tail, statistics, profiler = ctx.tail, ctx.statistics, ctx.profiler
+        args = TailGradArgs(
+            grad=grad.contiguous(),
+            live=live,
+            x=x,
+            inv_rms=inv_rms,
+            gain=gain,
+            rate=ctx.rate,
+            width=ctx.width,
+            finish=statistics.local,
+        )
         with profiler.region("elementwise"):
-            grad_x, grad_square_sum, grad_gain = tail.run(
-                "backward",
-                grad.contiguous(),
-                live,
-                x,
-                inv_rms,
-                gain,
-                ctx.rate,
-                ctx.width,
-                finish=statistics.local,
-            )
+            grad_x, grad_square_sum, grad_gain = tail.run("backward", args)
         if grad_square_sum is not None and not statistics.local:
             grad_square_sum = statistics.reduce(grad_square_sum)
             with profiler.region("elementwise"):
                 grad_x = tail.run("finish", grad_x, x, grad_square_sum)
         grad_residual = grad if ctx.needs_input_grad[2] else None
-        return grad_x, grad_gain, grad_residual, *([None] * 9)
+        return grad_x, grad_gain, grad_residual, None, None, None, None
 
 
 class LayerTail:
@@ -484,8 +358,8 @@ class LayerTail:
         self.calls = {"native": 0, "compiled": 0, "eager": 0}
         self._native: dict[str, Callable[..., Any]] = {
             "square_sums": _square_sums_native,
-            "forward": _tail_forward_native,
-            "backward": _tail_backward_native,
+            "forward": cpu_kernels.tail_forward,
+            "backward": cpu_kernels.tail_backward,
             "finish": cpu_kernels.add_row_scaled,
         }
         self._eager: dict[str, Callable[..., Any]] = {
@@ -505,9 +379,10 @@ class LayerTail:
         )
 
     def run(self, kernel: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``kernel`` (``"square_sums"``, ``"forward"``, ``"backward"``, ``"finish"``):
-        compiled with fusion on (all but the square sums and the completion), else native
-        where the tensors allow it, else eager."""
+        """Run ``kernel`` (``"square_sums"``, ``"forward"`` on a :class:`TailArgs`,
+        ``"backward"`` on a :class:`TailGradArgs`, ``"finish"``): compiled with fusion on
+        (all but the square sums and the completion), else native where the tensors allow
+        it, else eager."""
         if self.fused is None:
             self.fused = switch_on("auto", args[0].device.type)
         if self.fused and kernel in self._compiled:
@@ -522,54 +397,31 @@ class LayerTail:
                     error,
                 )
                 self.fused = False
-        if self.native and cpu_kernels.usable(*(a for a in args if isinstance(a, torch.Tensor))):
+        if self.native and cpu_kernels.usable(*_tensors(args)):
             self.calls["native"] += 1
             return self._native[kernel](*args, **kwargs)
         self.calls["eager"] += 1
         return self._eager[kernel](*args, **kwargs)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        gain: torch.Tensor | None,
-        residual: torch.Tensor | None,
-        row_hash: torch.Tensor | None,
-        col_hash: torch.Tensor | None,
-        statistics: RowReducer | None,
-        profiler: Profiler,
-        width: int,
-        eps: float,
-        rate: float,
-        relu: bool,
-        keep_mask: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        self, args: TailArgs, statistics: RowReducer | None, profiler: Profiler
+    ) -> TailOutputs:
         """The forward kernels without autograd: ``(y, live, inv_rms)`` (``live`` for
-        backward if ``keep_mask``; ``inv_rms`` ``None`` without the norm)."""
-        if gain is not None and statistics is None:
+        backward if ``args.keep_mask``; ``inv_rms`` ``None`` without the norm), the rows'
+        square sums completed by ``statistics`` first where they are not ``local``."""
+        if args.gain is not None and statistics is None:
             raise ValueError("the norm needs the row statistics' reducer (statistics=...)")
-        inv_rms = None  # with the norm on whole rows: computed in the forward's pass
-        if gain is not None and not statistics.local:
+        # with the norm on whole rows, args has no inv_rms: computed in the forward's pass
+        if args.gain is not None and not statistics.local:
             with profiler.region("elementwise"):
-                square_sum = self.run("square_sums", x)
+                square_sum = self.run("square_sums", args.x)
             # Statistics stay float32 even when PMM traffic is bfloat16.
             square_sum = statistics.reduce(square_sum)
             with profiler.region("elementwise"):
-                inv_rms = torch.rsqrt(square_sum / width + eps)
+                inv_rms = torch.rsqrt(square_sum / args.width + args.eps)
+            args = replace(args, inv_rms=inv_rms)
         with profiler.region("elementwise"):
-            return self.run(
-                "forward",
-                x,
-                inv_rms,
-                gain,
-                residual,
-                row_hash,
-                col_hash,
-                rate,
-                keep_mask,
-                relu,
-                width,
-                eps,
-            )
+            return self.run("forward", args)
 
     def __call__(
         self,
@@ -606,36 +458,25 @@ class LayerTail:
         if rate > 0:
             row_hash, col_hash = dropout_hashes(key, row_ids, col_start, x.shape[1])
         tensors = (x, gain, residual)
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-            return _TailFn.apply(
-                x,
-                gain,
-                residual,
-                row_hash,
-                col_hash,
-                self,
-                statistics,
-                profiler,
-                width,
-                eps,
-                rate,
-                relu,
-            )
-        y, _, _ = self.forward(
-            x,
-            gain,
-            residual,
-            row_hash,
-            col_hash,
-            statistics,
-            profiler,
-            width,
-            eps,
-            rate,
-            relu,
-            keep_mask=False,
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in tensors
         )
-        return y
+        args = TailArgs(
+            x=x,
+            gain=gain,
+            residual=residual,
+            row_hash=row_hash,
+            col_hash=col_hash,
+            rate=rate,
+            relu=relu,
+            width=width,
+            eps=eps,
+            # Without ReLU (a plain RMSNorm, no dropout) every element passes: no mask.
+            keep_mask=needs_grad and relu,
+        )
+        if needs_grad:
+            return _TailFn.apply(x, gain, residual, args, self, statistics, profiler)
+        return self.forward(args, statistics, profiler).y
 
     def normalize(
         self,
