@@ -199,7 +199,7 @@ def _graph(job):
     return prepare_in_memory(dataset, permutation_seed=3)
 
 
-@settings(max_examples=8, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=5, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
 @given(jobs())
 def test_random_grid_and_sizes_match_the_oracle_or_are_refused(tmp_path_factory, job):
     refusal = _refusal(job)
