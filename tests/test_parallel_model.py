@@ -5,7 +5,7 @@ dropout is on; L = 1..4 crosses the layer-rotation period. Ranks are real proces
 talking over gloo. The paper's model (RMSNorm, residual) runs on every grid; the GCN
 stack (no norm, no residual, input dropout), the models without input projection or
 head, the aggregated residual with the final norm, and multi-label data (binary
-cross-entropy) each on one of two grids, 1x2x2x2 or 2x1x2x1 (Gd = 2).
+cross-entropy) each on one grid of four ranks or eight (1x2x2x2; 2x1x2x1 has Gd = 2).
 """
 
 from __future__ import annotations
@@ -90,12 +90,12 @@ VARIANTS = {
 }
 
 
-#: Each variant on one of two grids (every grid shape runs the paper's model above):
-#: 1x2x2x2 has every parallel axis, 2x1x2x1 data parallelism.
+#: Each variant on one grid (every grid shape runs the paper's model above): 1x2x2x2
+#: has every parallel axis, 2x1x2x1 data parallelism, 1x2x2x1 and 1x1x2x2 two TP axes.
 VARIANT_GRIDS = {
     "gcn stack, input dropout": "2x1x2x1",
-    "multi-label": "1x2x2x2",
-    "gcn without projection and head": "1x2x2x2",
+    "multi-label": "1x1x2x2",
+    "gcn without projection and head": "1x2x2x1",
     "paper model without projection and head": "2x1x2x1",
     "paper model with biases, no head": "2x1x2x1",
     "paper model, aggregated residual, final norm": "1x2x2x2",
