@@ -166,3 +166,10 @@ def test_export_and_predict_errors_are_one_line(trained, tmp_path, capsys):
     assert _error(["predict", "--model", str(model_path), "--graph", str(wide)], capsys) == (
         "ndata['feat'] has shape (97, 12); the model reads (N, 11) features"
     )
+    # a --graph that is not a DGL file: refused by its magic number, before DGL reads it
+    foreign = tmp_path / "foreign.bin"
+    foreign.write_bytes(b"feat,label\n1.0,2\n")
+    assert _error(["predict", "--model", str(model_path), "--graph", str(foreign)], capsys) == (
+        f"--graph: {str(foreign)!r} is not a DGL graph file (does not begin with DGL's magic "
+        "number); give a file written by dgl.save_graphs(path, [graph])"
+    )

@@ -66,6 +66,7 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import (
     DATASET_NAMES,
     DataConfig,
+    InputError,
     SyntheticConfig,
     default_cache_dir,
     registry,
@@ -81,6 +82,7 @@ __all__ = [
     "dataset_from_graph",
     "load_dataset",
     "load_source",
+    "read_graph_file",
     "source_files",
 ]
 
@@ -601,30 +603,41 @@ def _load_dgl_file(cfg: DataConfig) -> NodeDataset:
         )
     path = Path(cfg.path).expanduser()
     fix = "set data.path to a file written by dgl.save_graphs(path, [graph])"
-    if not path.is_file():
-        raise DatasetError(f"dataset 'dgl': file {str(path)!r} does not exist; {fix}")
-    try:
-        with path.open("rb") as handle:
-            magic = handle.read(len(_DGL_MAGIC))
-    except OSError as error:
-        raise DatasetError(f"dataset 'dgl': cannot read {str(path)!r} ({error})") from None
-    if magic != _DGL_MAGIC:
-        what = "empty" if not magic else "does not begin with DGL's magic number"
-        raise DatasetError(f"dataset 'dgl': {str(path)!r} is not a DGL graph file ({what}); {fix}")
-    try:
-        graphs, saved = dgl.load_graphs(str(path), [0])
-    except Exception as error:  # DGL raises DGLError or assertion errors on a bad file
-        raise DatasetError(
-            f"dataset 'dgl': {str(path)!r} is not a readable DGL graph file "
-            f"({_first_line(error)}); {fix}"
-        ) from None
+    graph, saved = read_graph_file(path, "dataset 'dgl'", fix, DatasetError)
     num_classes = _saved_num_classes(saved, path)
-    graph = _renamed_node_data(graphs[0], cfg, path)
+    graph = _renamed_node_data(graph, cfg, path)
     if cfg.featureless and not {"feat", "label"} <= set(graph.ndata):
         # The recipe stands in for what the graph lacks; load_dataset draws the features.
         recipe = recipe_node_data(graph, cfg.permutation_seed, "label" not in graph.ndata)
         graph.ndata.update({k: v for k, v in recipe.items() if k not in graph.ndata})
     return _to_node_dataset(graph, cfg.name, num_classes, f"file {str(path)!r}")
+
+
+def read_graph_file(
+    path: Path, subject: str, fix: str, error: type[InputError]
+) -> tuple[dgl.DGLGraph, dict[str, torch.Tensor]]:
+    """The first graph of the ``dgl.save_graphs`` file ``path`` and the labels saved
+    with it. A missing file, one that is not DGL's (checked by its magic number before
+    DGL's C++ reader sees it) or one DGL cannot read is one ``error`` beginning with
+    ``subject`` and ending with ``fix``."""
+    if not path.is_file():
+        raise error(f"{subject}: file {str(path)!r} does not exist; {fix}")
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(len(_DGL_MAGIC))
+    except OSError as cause:
+        raise error(f"{subject}: cannot read {str(path)!r} ({cause})") from None
+    if magic != _DGL_MAGIC:
+        what = "empty" if not magic else "does not begin with DGL's magic number"
+        raise error(f"{subject}: {str(path)!r} is not a DGL graph file ({what}); {fix}")
+    try:
+        graphs, saved = dgl.load_graphs(str(path), [0])
+    except Exception as cause:  # DGL raises DGLError or assertion errors on a bad file
+        raise error(
+            f"{subject}: {str(path)!r} is not a readable DGL graph file "
+            f"({_first_line(cause)}); {fix}"
+        ) from None
+    return graphs[0], saved
 
 
 def _renamed_node_data(graph: dgl.DGLGraph, cfg: DataConfig, path: Path) -> dgl.DGLGraph:

@@ -51,7 +51,7 @@ from dgl_scalegnn.config import (
 )
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.core.schedule import parameter_shards
-from dgl_scalegnn.data.datasets import _first_line, load_source
+from dgl_scalegnn.data.datasets import load_source, read_graph_file
 from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.features import column_moments, scale_features
 from dgl_scalegnn.data.graph import DatasetError
@@ -328,15 +328,7 @@ def read_graph(path: str | os.PathLike[str]) -> dgl.DGLGraph:
     Raises
     ------
     ExportError
-        A missing file, or one DGL cannot read.
+        A missing file, one that is not DGL's, or one DGL cannot read.
     """
     fix = "give a file written by dgl.save_graphs(path, [graph])"
-    if not Path(path).is_file():
-        raise ExportError(f"--graph {path}: no such file; {fix}")
-    try:
-        graphs, _ = dgl.load_graphs(str(path), [0])
-    except Exception as error:  # DGL raises DGLError or assertion errors on a bad file
-        raise ExportError(
-            f"--graph {path}: not a readable DGL graph file ({_first_line(error)}); {fix}"
-        ) from None
-    return graphs[0]
+    return read_graph_file(Path(path), "--graph", fix, ExportError)[0]
