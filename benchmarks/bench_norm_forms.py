@@ -43,7 +43,7 @@ from torch.nn import functional
 
 from dgl_scalegnn.config import DataConfig
 from dgl_scalegnn.data.datasets import load_dataset
-from dgl_scalegnn.sampling.dgl_loader import gcn_norm_graph
+from dgl_scalegnn.sampling.dgl_loader import norm_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -100,7 +100,7 @@ class Graph:
     @classmethod
     def load(cls, name: str) -> Graph:
         dataset = load_dataset(DataConfig(name=name))
-        graph = gcn_norm_graph(dataset.graph)
+        graph = norm_graph(dataset.graph)
         src, dst = graph.edges()
         n = graph.num_nodes()
         adjacency = torch.sparse_coo_tensor(

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from benchmarks.common import RAW_RESULTS, RESULTS, pyplot, save_plot, write_results
 from benchmarks.scale_report import first_reaching
+from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.perfmodel import Hardware, Workload, epoch_time, memory_bytes
 
@@ -49,18 +50,16 @@ PRODUCTS = Workload(
     nnz=2 * 61_859_140 + 2_449_029,
     batch_size=131_072,
     in_features=100,
-    hidden=256,
     num_classes=47,
-    layers=3,
+    model=ModelConfig(hidden=256, layers=3),
 )
 PAPERS100M = Workload(
     num_nodes=111_059_956,
     nnz=2 * 1_615_685_872 + 111_059_956,
     batch_size=2**20,
     in_features=128,
-    hidden=256,
     num_classes=172,
-    layers=3,
+    model=ModelConfig(hidden=256, layers=3),
 )
 
 

@@ -25,19 +25,10 @@ from dgl_scalegnn.train.trainer import Trainer
 __all__ = ["METHOD", "DEFAULTS", "ScaleGNNPeer", "PEER"]
 
 METHOD = "scalegnn"
+#: The model's settings are the config's (any ``model`` key of :class:`ModelConfig`,
+#: ``conv`` included, can be swept), at two layers; then the training settings.
 DEFAULTS: dict[str, Any] = {
-    "hidden": 128,
-    "layers": 2,
-    "dropout": 0.5,
-    "input_dropout": 0.0,
-    "norm": True,
-    "residual": True,
-    "input_projection": True,
-    "head": True,
-    "residual_from": "input",
-    "final_norm": False,
-    "rms_eps": 1e-6,
-    "bias": False,
+    **dataclasses.asdict(ModelConfig(layers=2)),
     "batch_size": 4096,
     "lr": 0.01,
     "weight_decay": 0.0,

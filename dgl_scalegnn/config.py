@@ -52,6 +52,7 @@ __all__ = [
     "SPMM_KERNELS",
     "CPU_ONLY_KERNELS",
     "SAMPLING_METHODS",
+    "CONVS",
     "registry",
 ]
 
@@ -204,7 +205,12 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """ScaleGNN model: input projection, ``layers`` GCN layers, output head.
+    """ScaleGNN model: input projection, ``layers`` graph layers of type ``conv``, output head.
+
+    ``conv`` (one of :data:`CONVS`) is the layer type: ``gcn`` (the default,
+    :math:`\\tilde A X W`) or ``sage`` (GraphSAGE-mean,
+    :math:`X W_{self} + (D^{-1} A X) W`); each layer's output then goes through the same
+    tail (norm, ReLU, dropout, residual).
 
     ``input_projection`` and ``head`` are the paper's form when true. Without the input
     projection the first GCN layer reads the features; without the head the last GCN
@@ -223,6 +229,7 @@ class ModelConfig:
     and the head. The paper's equations have none (``false``).
     """
 
+    conv: str = "gcn"
     hidden: int = 128
     layers: int = 3
     dropout: float = 0.5
@@ -370,6 +377,8 @@ CPU_ONLY_KERNELS = ("dgl-scaled", "dgl-weighted")
 SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
 #: Every vertex sampler (``sampling.method``; see :mod:`dgl_scalegnn.sampling.sampler`).
 SAMPLING_METHODS = ("uniform",)
+#: Every graph layer type (``model.conv``; see :mod:`dgl_scalegnn.model.convs`).
+CONVS = ("gcn", "sage")
 #: The device each ``parallel.backend`` runs on.
 _BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
 #: Switches that take ``auto`` (decided by the device) besides true and false.
@@ -408,6 +417,7 @@ _CHOICES = {
     "parallel.backend": ("auto", "gloo", "nccl"),
     "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),
     "sampling.method": SAMPLING_METHODS,
+    "model.conv": CONVS,
     "optim.lr_schedule": ("constant", "cosine"),
     "model.residual_from": ("input", "aggregated"),
     "data.feature_norm": ("auto", *FEATURE_NORMS),

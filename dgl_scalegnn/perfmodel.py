@@ -1,6 +1,7 @@
 """A communication, computation and memory model of one rank of the 4D algorithm.
 
-Given the workload (``N``, ``nnz``, ``B``, dimensions, layers) and the grid
+Given the workload (``N``, ``nnz``, ``B``, dimensions and the model's config, whose
+layer type :mod:`~dgl_scalegnn.model.convs` describes) and the grid
 ``Gd x Gx x Gy x Gz``, :func:`step_collectives` lists every collective a rank runs in
 one training step, with its group kind, group size and payload, from the cost
 function each parallel operator has beside it (composed by the model's layers);
@@ -19,8 +20,9 @@ kernels; :func:`eval_chunk_rows` gives the chunk rows a GPU's free memory allows
 Example
 -------
 >>> from dgl_scalegnn.distributed.grid import GridShape
+>>> from dgl_scalegnn.config import ModelConfig
 >>> work = Workload(num_nodes=10_000, nnz=210_000, batch_size=2_000, in_features=64,
-...                 hidden=128, num_classes=8, layers=3)
+...                 num_classes=8, model=ModelConfig(hidden=128, layers=3))
 >>> sorted(step_bytes(work, GridShape.parse("1x2x2x2"), rank=0))
 ['tp', 'x', 'y', 'z']
 """
@@ -37,20 +39,18 @@ from dgl_scalegnn.core.cost import DATA_PARALLEL, TP_GRID, CollectiveCost, Local
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, block_range
 from dgl_scalegnn.core.schedule import (
+    LayerKind,
     adjacency_planes,
     layer_layouts,
     layer_widths,
     logits_layout,
-    parameter_shards,
     steps_per_epoch,
 )
-from dgl_scalegnn.model.layers import InputFeatures
+from dgl_scalegnn.model.layers import Head, InputFeatures, InputProjection
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
+from dgl_scalegnn.model.stack import conv_layer, parameter_shards
 from dgl_scalegnn.parallel.data_parallel import average_gradients_cost
-from dgl_scalegnn.parallel.norm import sum_of_squares_cost
-from dgl_scalegnn.parallel.products import linear_cost, spmm_cost
-from dgl_scalegnn.parallel.redistribute import redistribute_cost
 from dgl_scalegnn.sampling.full_graph import ChunkMemory, chunk_count
 from dgl_scalegnn.sampling.uniform import UniformSampler
 
@@ -76,42 +76,37 @@ _FLOAT = 4
 
 @dataclass(frozen=True)
 class Workload:
-    """What one training step computes (global sizes)."""
+    """What one training step computes: global sizes and the model's config (its layer
+    type, widths and switches are read from the config and the layer registry)."""
 
     num_nodes: int
     nnz: int  # entries of the normalised adjacency, self loops included
     batch_size: int
     in_features: int
-    hidden: int
     num_classes: int
-    layers: int
-    norm: bool = True
-    residual: bool = True
-    input_projection: bool = True
-    head: bool = True
-    residual_from: str = "input"
-    final_norm: bool = False
-    bias: bool = False
+    model: ModelConfig
     bf16_comm: bool = False
 
-    def model_config(self) -> ModelConfig:
-        return ModelConfig(
-            hidden=self.hidden,
-            layers=self.layers,
-            norm=self.norm,
-            residual=self.residual,
-            input_projection=self.input_projection,
-            head=self.head,
-            residual_from=self.residual_from,
-            final_norm=self.final_norm,
-            bias=self.bias,
-        )
+    @property
+    def layers(self) -> int:
+        return self.model.layers
+
+    @property
+    def hidden(self) -> int:
+        return self.model.hidden
+
+    @property
+    def kind(self) -> LayerKind:
+        """The layer type's schedule (layouts, normalisation)."""
+        return conv_layer(self.model).kind
 
     @property
     def batch_nnz(self) -> float:
-        """Expected entries of Ã_S: ``B`` self loops plus off-diagonal pairs kept with prob p."""
+        """Expected entries of a sampled block: off-diagonal pairs kept with prob p, plus
+        ``B`` self loops in the symmetric normalisation (the others have none)."""
         p = UniformSampler(self.num_nodes, self.batch_size).scaling().p
-        return self.batch_size + (self.nnz - self.num_nodes) * self.batch_size / self.num_nodes * p
+        loops = self.batch_size if self.kind.normalisation == "symmetric" else 0
+        return loops + (self.nnz - self.num_nodes) * self.batch_size / self.num_nodes * p
 
     def steps_per_epoch(self, dp: int) -> int:
         return steps_per_epoch(self.num_nodes, self.batch_size, dp)
@@ -198,9 +193,11 @@ def step_collectives(work: Workload, shape: GridShape, rank: int) -> list[Collec
     DP gradient average (:mod:`dgl_scalegnn.core.cost`), at this rank's expected sizes.
     """
     me = _Rank(work, shape, shape.coords(rank))
-    cfg = work.model_config()
+    cfg = work.model
     costs = ParallelScaleGNN.cost(cfg, work.in_features, work.num_classes, me)
-    costs += Objective.loss_cost(logits_layout(work.layers, work.head), me, multilabel=False)
+    costs += Objective.loss_cost(
+        logits_layout(cfg.layers, cfg.head, work.kind), me, multilabel=False
+    )
     costs += average_gradients_cost(_parameter_elements(work, shape, me.coords))
     return _collectives(costs, work, shape)
 
@@ -220,7 +217,7 @@ def _collectives(costs: list[CollectiveCost], work: Workload, shape: GridShape) 
 
 def _parameter_elements(work: Workload, shape: GridShape, coords: Coords) -> int:
     total = 0
-    for shard in parameter_shards(work.model_config(), work.in_features, work.num_classes).values():
+    for shard in parameter_shards(work.model, work.in_features, work.num_classes).values():
         total += math.prod(s.stop - s.start for s in shard.local_slices(shape, coords))
     return total
 
@@ -262,19 +259,26 @@ def _compute_seconds(me: _Rank, hardware: Hardware, forward_only: bool) -> dict[
     """Seconds of the GEMMs, SpMMs and element-wise kernels of ``me``'s rows: forward and
     backward of a step, or (``forward_only``) an evaluation's forward."""
     work = me.work
-    hidden = work.hidden
-    states = layer_layouts(work.layers)
-    widths = layer_widths(work.model_config(), work.in_features, work.num_classes)
-    # products per GEMM: forward, then dX (not for the features) and dW
-    gemms = [(INPUT_LAYOUT, work.in_features, hidden, 2)] if work.input_projection else []
-    gemms += [(s.after_spmm(), w.width_in, w.width_out, 3) for s, w in zip(states, widths)]
-    if work.head:
-        gemms.append((states[-1], hidden, work.num_classes, 3))
+    cfg, hidden = work.model, work.hidden
+    states = layer_layouts(cfg.layers, work.kind)
+    widths = layer_widths(cfg, work.in_features, work.num_classes)
     seconds: dict[str, float] = defaultdict(float)
-    for state, width_in, width_out, products in gemms:
-        flops = (
-            2 * me.rows(state.rows) * me.cols(width_in, state.cols) * me.cols(width_out, state.rep)
+    # Every matrix parameter is one GEMM over the rows of its map's input (each layer's
+    # products read the aggregated rows, split like the layer input's replicated axis):
+    # forward, then dX (not for the features) and dW.
+    for name, shard in parameter_shards(cfg, work.in_features, work.num_classes).items():
+        if len(shard.global_shape) != 2:
+            continue
+        if name == "input_proj":
+            rows, products = me.rows(INPUT_LAYOUT.rows), 2
+        elif name == "head":
+            rows, products = me.rows(states[-1].rows), 3
+        else:
+            rows, products = me.rows(states[int(name[5 : name.index("_")])].rep), 3
+        local = me.cols(shard.global_shape[0], shard.axes[0]) * me.cols(
+            shard.global_shape[1], shard.axes[1]
         )
+        flops = 2 * rows * local
         seconds["gemm"] += (1 if forward_only else products) * flops / hardware.gemm_flops
     for state, layer in zip(states, widths):
         plane = state.spmm_plane()
@@ -299,7 +303,7 @@ def epoch_time(work: Workload, shape: GridShape, hardware: Hardware) -> float:
 @dataclass(frozen=True)
 class EvalStage:
     """A chunked stage of a full-graph evaluation
-    (:meth:`~dgl_scalegnn.model.scalegnn.ParallelScaleGNN.forward_full_graph`): the row
+    (:func:`~dgl_scalegnn.model.full_graph.full_graph_forward`): the row
     axis its chunks split, how many chunks every rank runs, and the collectives of one
     chunk (payloads of the average chunk: the stage's rows over its chunks)."""
 
@@ -332,8 +336,8 @@ def _whole_graph(work: Workload, shape: GridShape, rank: int) -> _Rank:
 
 
 def _forward(costs: list[CollectiveCost]) -> list[CollectiveCost]:
-    """The forward collective of an operator's costs (each operator lists it first)."""
-    return costs[:1]
+    """The collectives of an evaluation's forward: those not marked ``backward``."""
+    return [cost for cost in costs if not cost.backward]
 
 
 def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) -> list[EvalStage]:
@@ -342,13 +346,15 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
     operators' cost functions). One TP rank runs none: its stages carry no collective.
 
     >>> from dgl_scalegnn.distributed.grid import GridShape
+    >>> from dgl_scalegnn.config import ModelConfig
     >>> work = Workload(num_nodes=10_000, nnz=210_000, batch_size=2_000, in_features=64,
-    ...                 hidden=128, num_classes=8, layers=2)
+    ...                 num_classes=8, model=ModelConfig(hidden=128, layers=2))
     >>> [(s.name, s.chunks, len(s.collectives))
     ...  for s in eval_stages(work, GridShape.parse("1x2x2x2"), 0, chunk_rows=1000)]
     [('input', 5, 1), ('layer0', 5, 4), ('layer1', 5, 5)]
     """
-    whole, cfg = _whole_graph(work, shape, rank), work.model_config()
+    whole, cfg = _whole_graph(work, shape, rank), work.model
+    layer = conv_layer(cfg)
 
     def stage(name: str, axis: Axis, costs_of, chunks: int | None = None) -> EvalStage:
         if chunks is None:
@@ -357,35 +363,24 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
         return EvalStage(name, axis, chunks, tuple(_collectives(costs, work, shape)))
 
     def input_costs(sizes: LocalSizes) -> list[CollectiveCost]:
-        if work.input_projection:
-            return _forward(linear_cost(INPUT_LAYOUT, work.in_features, work.hidden, False, sizes))
-        return InputFeatures.cost(work.in_features, sizes)  # forward only already
+        if cfg.input_projection:
+            return _forward(InputProjection.cost(cfg, work.in_features, sizes))
+        return _forward(InputFeatures.cost(work.in_features, sizes))
 
     def head_costs(layout: Layout, sizes: LocalSizes) -> list[CollectiveCost]:
-        norm = _forward(sum_of_squares_cost(layout, sizes)) if work.final_norm else []
-        return norm + _forward(linear_cost(layout, work.hidden, work.num_classes, True, sizes))
+        return _forward(Head.cost(layout, cfg, work.num_classes, sizes))
 
     first = INPUT_LAYOUT.after_linear()
     stages = [stage("input", first.rows, input_costs)] if shape.tp_size > 1 else []
-    if not work.layers:  # the head on the whole input, in one piece
+    if not cfg.layers:  # the head on the whole input, in one piece
         return [*stages, stage("head", first.rows, lambda z: head_costs(first, z), chunks=1)]
-    layouts = layer_layouts(work.layers)
+    layouts = layer_layouts(cfg.layers, layer.kind)
     for layout, widths in zip(layouts, layer_widths(cfg, work.in_features, work.num_classes)):
-        out = layout.after_gcn_layer()
+        out = layer.kind.output_layout(layout)
 
         def layer_costs(sizes: LocalSizes, layout=layout, widths=widths, out=out):
-            aggregated = layout.after_spmm()
-            costs = spmm_cost(layout, widths.width_in, sizes, needs_grad=False)
-            costs += _forward(
-                linear_cost(aggregated, widths.width_in, widths.width_out, False, sizes)
-            )
-            if not widths.outputs_classes:
-                if work.norm:
-                    costs += _forward(sum_of_squares_cost(out, sizes))
-                if widths.residual:
-                    source = aggregated if work.residual_from == "aggregated" else layout
-                    costs += redistribute_cost(source, out, work.hidden, sizes, needs_grad=False)
-            if widths.index == work.layers - 1 and work.head:
+            costs = _forward(layer.cost(layout, widths, cfg, sizes, needs_dx=False))
+            if widths.index == cfg.layers - 1 and cfg.head:
                 costs += head_costs(out, sizes)
             return costs
 
@@ -432,7 +427,8 @@ def eval_chunk_rows(work: Workload, shape: GridShape, free_bytes: float) -> int:
     me = _Rank(work, shape, shape.coords(0))
     n = work.num_nodes
     entries_per_row = max(
-        work.nnz * me.rows(plane.cols, n) / n**2 for plane in adjacency_planes(work.layers)
+        work.nnz * me.rows(plane.cols, n) / n**2
+        for plane in adjacency_planes(work.layers, work.kind)
     )
     narrowest_split = min(shape.size(axis) for axis in Axis)
     widths = (work.in_features, work.hidden, work.num_classes)
@@ -449,16 +445,16 @@ def memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> dict[str, f
     me = _Rank(work, shape, shape.coords(rank))
     n = work.num_nodes
     graph = 0.0
-    for plane in adjacency_planes(work.layers):
+    for plane in adjacency_planes(work.layers, work.kind):
         rows, cols = (me.rows(axis, n) for axis in (plane.rows, plane.cols))
         graph += work.nnz * rows * cols / n**2 * (4 + _FLOAT) + (rows + 1) * 8
         graph += (rows + cols) * _FLOAT + cols * 8  # degree scalings, column map
     graph += me.rows(INPUT_LAYOUT.rows, n) * me.cols(work.in_features, INPUT_LAYOUT.cols) * _FLOAT
-    graph += me.rows(logits_layout(work.layers).rows, n) * (8 + 3)  # labels and masks
+    graph += me.rows(logits_layout(work.layers, kind=work.kind).rows, n) * (8 + 3)  # labels, masks
     model = 4 * _parameter_elements(work, shape, me.coords) * _FLOAT  # weights, grads, Adam
     batch = 0.0
     activations = 0.0
-    for state in layer_layouts(work.layers)[: work.layers]:
+    for state in layer_layouts(work.layers, work.kind)[: work.layers]:
         plane = state.spmm_plane()
         batch += work.batch_nnz * me.rows(plane.rows, 1) * me.rows(plane.cols, 1) * 2 * (8 + _FLOAT)
         per_layer = me.rows(state.rep) * me.cols(work.hidden, state.rows) * _FLOAT

@@ -10,7 +10,8 @@ from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.seeds import step_seed
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.model.reference import ScaleGNN
-from dgl_scalegnn.sampling.dgl_loader import UniformVertexSampler
+from dgl_scalegnn.model.stack import layer_kind
+from dgl_scalegnn.sampling.dgl_loader import UniformVertexSampler, norm_graph
 from dgl_scalegnn.sampling.uniform import sample_vertices
 
 
@@ -23,7 +24,8 @@ def reference_step(
     meta = prepared.meta
     reference = ScaleGNN(model, in_features=meta.num_features, num_classes=meta.num_classes, seed=0)
     sample = sample_vertices(meta.num_nodes, batch_size, step_seed(0, dp_rank, 0))
-    subgraph = UniformVertexSampler().sample(prepared_dgl_graph(prepared), sample)
+    graph = norm_graph(prepared_dgl_graph(prepared), layer_kind(model).normalisation)
+    subgraph = UniformVertexSampler().sample(graph, sample)
     index = sample.numpy()
     features = torch.from_numpy(prepared.features[index])
     labels = torch.from_numpy(prepared.labels[index])

@@ -21,7 +21,7 @@ from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.spmm import SPMM_KERNELS, build_local_spmm
 from dgl_scalegnn.sampling.blocks import extract_block, full_block
-from dgl_scalegnn.sampling.dgl_loader import UniformVertexSampler, gcn_norm_graph
+from dgl_scalegnn.sampling.dgl_loader import UniformVertexSampler, norm_graph
 from dgl_scalegnn.sampling.store import RankStore, load_csr_block
 from dgl_scalegnn.sampling.uniform import inclusion_probability, sample_vertices
 from tests.helpers import random_dataset
@@ -93,7 +93,7 @@ def test_model_without_projection_and_head_is_dgls_graphconv_stack(bias):
                 assert not param.any()
                 param.uniform_(-1.0, 1.0)
     features = torch.randn(60, d_in, dtype=torch.float64)
-    ours = model(gcn_norm_graph(dataset.graph), features)
+    ours = model(norm_graph(dataset.graph), features)
 
     convs = [
         dgl.nn.GraphConv(a, b, norm="both", bias=bias).double()
@@ -114,7 +114,7 @@ def _dense_case(d_in: int) -> tuple[dgl.DGLGraph, torch.Tensor, torch.Tensor]:
     """A GCN-normalised random graph of 60 vertices, its dense float64 adjacency (rows:
     destinations) and float64 features of width ``d_in``."""
     dataset = random_dataset(num_nodes=60, num_edges=200, isolated=5)
-    graph = gcn_norm_graph(dataset.graph)
+    graph = norm_graph(dataset.graph)
     src, dst = graph.edges()
     adjacency = torch.zeros(60, 60, dtype=torch.float64)
     adjacency.index_put_((dst, src), graph.edata["w"].double(), accumulate=True)

@@ -21,11 +21,12 @@ import pytest
 import torch
 
 from benchmarks.bench_projection import PAPERS100M, perlmutter
-from dgl_scalegnn.config import SyntheticConfig, config_from_mapping
+from dgl_scalegnn.config import ModelConfig, SyntheticConfig, config_from_mapping
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.model.full_graph import full_graph_chunk_rows, full_graph_forward
 from dgl_scalegnn.parallel.spmm import csr_tensor
 from dgl_scalegnn.perfmodel import (
     Workload,
@@ -73,7 +74,7 @@ def trainer() -> Trainer:
 
 
 def _logits(trainer: Trainer, chunk_rows: int) -> torch.Tensor:
-    return trainer.model.forward_full_graph(trainer.store.full_graph(), chunk_rows)[0]
+    return full_graph_forward(trainer.model, trainer.store.full_graph(), chunk_rows)[0]
 
 
 def test_every_chunk_gets_a_rebased_csr_of_its_own(trainer, monkeypatch):
@@ -103,7 +104,7 @@ def test_every_chunk_gets_a_rebased_csr_of_its_own(trainer, monkeypatch):
 def _syncs(trainer: Trainer, chunk_rows: int) -> int:
     graph = trainer.store.full_graph()
     with HostSyncCounter() as syncs:
-        trainer.model.forward_full_graph(graph, chunk_rows)
+        full_graph_forward(trainer.model, graph, chunk_rows)
     return syncs.total
 
 
@@ -150,7 +151,7 @@ def test_the_model_sizes_its_chunks_from_its_widths_and_the_free_memory(trainer,
     graph = trainer.store.full_graph()
     _stub_free_memory(monkeypatch, 2**30)
     monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
-    rows = trainer.model.full_graph_chunk_rows(graph)
+    rows = full_graph_chunk_rows(trainer.model, graph)
     monkeypatch.undo()
     meta = trainer.store.meta
     widest = max(meta.num_features, 12, meta.num_classes)
@@ -208,7 +209,7 @@ def test_cost_model_counts_each_chunks_collectives(tmp_path):
             batch_size=100,
             in_features=COUNT_SYNTHETIC["num_features"],
             num_classes=COUNT_SYNTHETIC["num_classes"],
-            **model,
+            model=ModelConfig(**model),
         )
         for rank in range(shape.world_size):
             counted = json.loads((tmp_path / f"eval{rank}_{name}.json").read_text())

@@ -20,10 +20,10 @@ from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import Axis, Plane
-from dgl_scalegnn.core.schedule import parameter_shards
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.reference import ScaleGNN
+from dgl_scalegnn.model.stack import parameter_shards
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.sampling.full_graph import CSRRows, row_chunks
 from dgl_scalegnn.sampling.store import RankStore, release_pages

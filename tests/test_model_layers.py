@@ -8,12 +8,13 @@ import torch
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.core.grid_shape import GridShape
-from dgl_scalegnn.core.schedule import parameter_shards
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.model.layers import init_global_parameter
+from dgl_scalegnn.model.full_graph import full_graph_forward
+from dgl_scalegnn.model.parameters import init_global_parameter
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
+from dgl_scalegnn.model.stack import parameter_shards
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
@@ -41,7 +42,7 @@ def test_every_parameter_is_a_slice_of_its_global_tensor_with_its_split_recorded
         assert {id(p) for p in params.values()} == {id(p) for p in model.parameters()}
         for name, param in params.items():
             assert param.shard == schedule[name]
-            full = init_global_parameter(name, param.shard.global_shape, seed=3)
+            full = init_global_parameter(name, param.shard, seed=3)
             expected = full[param.shard.local_slices(shape, grid.coords)]
             torch.testing.assert_close(param.detach(), expected, rtol=0, atol=0)
 
@@ -64,4 +65,4 @@ def test_full_graph_forward_refuses_training_mode():
     trainer = _trainer(dropout=0.5)
     trainer.model.train()
     with pytest.raises(RuntimeError, match=r"model\.eval\(\)"):
-        trainer.model.forward_full_graph(trainer.store.full_graph())
+        full_graph_forward(trainer.model, trainer.store.full_graph())

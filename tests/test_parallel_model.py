@@ -17,8 +17,8 @@ import torch
 
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
-from dgl_scalegnn.core.schedule import parameter_shards
 from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.model.stack import parameter_shards
 from tests.helpers import random_dataset, relative_error
 from tests.oracle import assemble, reference_step
 from tests.ranks import spawn_ranks

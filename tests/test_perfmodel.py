@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dgl_scalegnn.config import SyntheticConfig
+from dgl_scalegnn.config import ModelConfig, SyntheticConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
@@ -47,11 +47,9 @@ def test_predicted_bytes_within_5_percent_of_counted(tmp_path, grid, bf16, model
         nnz=nnz,
         batch_size=6000,
         in_features=30,
-        hidden=20,
         num_classes=6,
-        layers=4,
+        model=ModelConfig(hidden=20, layers=4, **model),
         bf16_comm=bf16,
-        **model,
     )
     worst = 0.0
     for rank in range(shape.world_size):
@@ -72,9 +70,8 @@ def test_projection_and_memory_are_consistent():
         nnz=126_167_053,
         batch_size=131_072,
         in_features=100,
-        hidden=256,
         num_classes=47,
-        layers=3,
+        model=ModelConfig(hidden=256, layers=3),
     )
     a100 = Hardware(
         bandwidth={"x": 80e9, "y": 80e9, "z": 80e9, "tp": 80e9, "dp": 20e9},

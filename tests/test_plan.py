@@ -8,7 +8,7 @@ import time
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.cli import main
-from dgl_scalegnn.config import load_config
+from dgl_scalegnn.config import ModelConfig, load_config
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.normalize import gcn_normalize
 from dgl_scalegnn.perfmodel import Hardware, Workload, memory_bytes, step_time
@@ -21,9 +21,8 @@ WORK = Workload(
     nnz=220_000,
     batch_size=2_500,
     in_features=64,
-    hidden=128,
     num_classes=8,
-    layers=3,
+    model=ModelConfig(hidden=128, layers=3),
 )
 
 

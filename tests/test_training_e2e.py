@@ -198,3 +198,47 @@ def test_a_checkpoint_resumes_into_its_own_model_only(tmp_path, capsys):
     argv = ["train", "--config", str(config_path), "--resume", "--set", "model.head=false"]
     assert cli_main(argv) != 0
     assert "model.head: True in the checkpoint, False in this run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("conv", ["sage"])
+def test_each_layer_type_trains_evaluates_and_resumes_on_another_grid(tmp_path, conv):
+    """``--set model.conv=sage`` (or another type) trains from the CLI on a grid with two TP
+    ranks, evaluates, and its checkpoint resumes on another grid with the same losses."""
+    config = _with_checkpoints(tmp_path, "run")
+    first = train_through_cli(
+        tmp_path,
+        "first",
+        "1x1x2x1",
+        config,
+        "--set",
+        f"model.conv={conv}",
+        "--set",
+        "train.max_steps=6",
+    )
+    assert first[0]["config"]["model"]["conv"] == conv
+    losses = _losses(first)
+    assert sorted(losses) == list(range(6))
+    accuracy = _eval(first)
+    assert accuracy["val_acc"] > 1 / 8  # eight classes: above chance after six steps
+    saved = latest_checkpoint(tmp_path / "run" / "checkpoints").parent / "step_00000004"
+    moved = _with_checkpoints(tmp_path, "moved")
+    target = tmp_path / "moved" / "checkpoints"
+    shutil.copytree(saved, target / saved.name)
+    (target / "latest").write_text(saved.name)
+    resumed_events = train_through_cli(
+        tmp_path,
+        "resumed",
+        "1x2x1x1",
+        moved,
+        "--resume",
+        "--set",
+        f"model.conv={conv}",
+        "--set",
+        "train.max_steps=6",
+    )
+    resumed = _losses(resumed_events)
+    assert sorted(resumed) == [4, 5]
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(losses[step], rel=1e-4), (conv, step)
+    for split in ("train_acc", "val_acc", "test_acc"):  # the same model on another grid
+        assert _eval(resumed_events)[split] == pytest.approx(accuracy[split], abs=1e-3)

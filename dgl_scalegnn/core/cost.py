@@ -29,13 +29,15 @@ DATA_PARALLEL = "dp"
 @dataclass(frozen=True)
 class CollectiveCost:
     """One collective: its group (a grid axis, :data:`TP_GRID` or :data:`DATA_PARALLEL`),
-    the elements each rank contributes (all-reduce) or sends (all-to-all), and whether
-    it travels in bfloat16 when ``parallel.bf16_comm`` is on."""
+    the elements each rank contributes (all-reduce) or sends (all-to-all), whether it
+    travels in bfloat16 when ``parallel.bf16_comm`` is on, and whether it runs in the
+    backward pass (an evaluation's forward runs only the others)."""
 
     group: Axis | str
     elements: float
     operation: str = "all_reduce"
     low_precision: bool = False
+    backward: bool = False
 
     def __str__(self) -> str:
         return f"{self.operation} over {self.group}: {self.elements:g} elements"

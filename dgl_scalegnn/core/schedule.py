@@ -1,7 +1,9 @@
 """The model's communication schedule as values: the layout each layer reads, the
-adjacency planes the layers use and how every parameter is split over the grid.
+adjacency planes the layers use, how a parameter is split over the grid.
 
-Model, store, performance model and checkpoints all read this one description.
+A layer type describes itself to the schedule by a :class:`LayerKind`; the model
+(:mod:`~dgl_scalegnn.model.convs`) names the parameters, and the store, the performance
+model and checkpoints read the layouts and splits from here.
 """
 
 from __future__ import annotations
@@ -15,26 +17,36 @@ from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Layout, Plane, block_ra
 
 __all__ = [
     "ParamShard",
+    "NORMALISATIONS",
+    "LayerKind",
+    "GCN_KIND",
     "layer_layouts",
     "adjacency_planes",
     "logits_layout",
     "LayerWidths",
     "layer_widths",
-    "parameter_shards",
     "steps_per_epoch",
     "learning_rate",
 ]
 
+#: How a layer type wants the adjacency it multiplies by: ``symmetric``
+#: :math:`\hat D^{-1/2} (A + I) \hat D^{-1/2}` (GCN), ``mean`` :math:`D^{-1} A` (no self
+#: loops, GraphSAGE's mean) or ``sum`` :math:`A` (no self loops: sum aggregation).
+NORMALISATIONS = ("symmetric", "mean", "sum")
+
 
 @dataclass(frozen=True)
 class ParamShard:
-    """How a parameter is split: its global shape and the grid axis of each dimension.
+    r"""How a parameter is split: its global shape and the grid axis of each dimension.
 
-    The parameter is replicated along the axes it does not name.
+    The parameter is replicated along the axes it does not name (a 0-d parameter, shape
+    ``()``, on every rank). ``init`` is a constant initial value (a scalar a layer learns);
+    ``None`` initialises by name (:func:`~dgl_scalegnn.model.convs.base.init_global_parameter`).
     """
 
     global_shape: tuple[int, ...]
     axes: tuple[Axis, ...]
+    init: float | None = None
 
     def local_slices(self, shape: GridShape, coords: Coords) -> tuple[slice, ...]:
         slices = []
@@ -44,33 +56,67 @@ class ParamShard:
         return tuple(slices)
 
 
-def layer_layouts(num_layers: int) -> list[Layout]:
-    """Input state of each GCN layer; index ``num_layers`` is the state the head reads."""
+@dataclass(frozen=True)
+class LayerKind:
+    """What the schedule needs of a layer type: an SpMM followed by ``linears`` dense
+    products (each moves the layout, :class:`~dgl_scalegnn.core.layout.Layout`), and the
+    normalisation (one of :data:`NORMALISATIONS`) of the adjacency it multiplies by.
+
+    >>> from dgl_scalegnn.core.layout import INPUT_LAYOUT
+    >>> first = INPUT_LAYOUT.after_linear()
+    >>> str(GCN_KIND.output_layout(first)), str(LayerKind(linears=2).output_layout(first))
+    ('(z,x,y)', '(z,y,x)')
+    """
+
+    linears: int = 1
+    normalisation: str = "symmetric"
+
+    def __post_init__(self) -> None:
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(
+                f"normalisation {self.normalisation!r}: choose one of {', '.join(NORMALISATIONS)}"
+            )
+
+    def output_layout(self, layout: Layout) -> Layout:
+        """The layout of the layer's output for an input in ``layout``."""
+        out = layout.after_spmm()
+        for _ in range(self.linears):
+            out = out.after_linear()
+        return out
+
+
+#: GCN's kind: :math:`\tilde A X W` (SpMM, one linear: the layer rotation
+#: :meth:`~dgl_scalegnn.core.layout.Layout.after_gcn_layer`), symmetric normalisation.
+GCN_KIND = LayerKind()
+
+
+def layer_layouts(num_layers: int, kind: LayerKind = GCN_KIND) -> list[Layout]:
+    """Input state of each graph layer; index ``num_layers`` is the state the head reads."""
     states = [INPUT_LAYOUT.after_linear()]
     for _ in range(num_layers):
-        states.append(states[-1].after_gcn_layer())
+        states.append(kind.output_layout(states[-1]))
     return states
 
 
-def adjacency_planes(num_layers: int) -> list[Plane]:
+def adjacency_planes(num_layers: int, kind: LayerKind = GCN_KIND) -> list[Plane]:
     """The distinct adjacency planes a model of ``num_layers`` layers reads (at most 3)."""
     planes: list[Plane] = []
-    for state in layer_layouts(num_layers)[:num_layers]:
+    for state in layer_layouts(num_layers, kind)[:num_layers]:
         if state.spmm_plane() not in planes:
             planes.append(state.spmm_plane())
     return planes
 
 
-def logits_layout(num_layers: int, head: bool = True) -> Layout:
+def logits_layout(num_layers: int, head: bool = True, kind: LayerKind = GCN_KIND) -> Layout:
     """State of the logits: the head's output (rows along the last state's rows, classes
-    along its rep), or without a head the last GCN layer's output. Both keep the rows."""
-    last = layer_layouts(num_layers)[-1]
+    along its rep), or without a head the last graph layer's output. Both keep the rows."""
+    last = layer_layouts(num_layers, kind)[-1]
     return last.after_linear() if head else last
 
 
 @dataclass(frozen=True)
 class LayerWidths:
-    """Input and output widths of GCN layer ``index`` and what follows its product.
+    """Input and output widths of graph layer ``index`` and what follows its product.
 
     ``outputs_classes``: the last layer of a model without head, whose product is the
     logits (no tail); ``residual``: the tail adds the layer input (equal widths only).
@@ -84,7 +130,7 @@ class LayerWidths:
 
 
 def layer_widths(cfg: ModelConfig, in_features: int, num_classes: int) -> list[LayerWidths]:
-    """The widths of every GCN layer of ``cfg``.
+    """The widths of every graph layer of ``cfg``.
 
     >>> from dgl_scalegnn.config import ModelConfig
     >>> cfg = ModelConfig(hidden=16, layers=2, input_projection=False, head=False)
@@ -99,36 +145,6 @@ def layer_widths(cfg: ModelConfig, in_features: int, num_classes: int) -> list[L
         residual = cfg.residual and not outputs_classes and width_in == width_out
         widths.append(LayerWidths(index, width_in, width_out, outputs_classes, residual))
     return widths
-
-
-def parameter_shards(cfg: ModelConfig, in_features: int, num_classes: int) -> dict[str, ParamShard]:
-    """Global shape and split of every parameter, by name. A gain or a bias (``*_bias``)
-    is split along its layer's output columns, the weight's output axis."""
-    states = layer_layouts(cfg.layers)
-    shards = {}
-    if cfg.input_projection:
-        shards["input_proj"] = ParamShard(
-            (in_features, cfg.hidden), (INPUT_LAYOUT.cols, INPUT_LAYOUT.rep)
-        )
-        if cfg.bias:
-            shards["input_proj_bias"] = ParamShard((cfg.hidden,), (INPUT_LAYOUT.rep,))
-    for state, widths in zip(states, layer_widths(cfg, in_features, num_classes)):
-        aggregated = state.after_spmm()
-        shards[f"layer{widths.index}_weight"] = ParamShard(
-            (widths.width_in, widths.width_out), (aggregated.cols, aggregated.rep)
-        )
-        if cfg.bias:
-            shards[f"layer{widths.index}_bias"] = ParamShard((widths.width_out,), (aggregated.rep,))
-        if cfg.norm and not widths.outputs_classes:
-            shards[f"layer{widths.index}_gain"] = ParamShard((cfg.hidden,), (aggregated.rep,))
-    if cfg.head:
-        last = states[-1]
-        if cfg.final_norm:
-            shards["final_gain"] = ParamShard((cfg.hidden,), (last.cols,))
-        shards["head"] = ParamShard((cfg.hidden, num_classes), (last.cols, last.rep))
-        if cfg.bias:
-            shards["head_bias"] = ParamShard((num_classes,), (last.rep,))
-    return shards
 
 
 def steps_per_epoch(num_nodes: int, batch_size: int, dp_size: int) -> int:

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["NormalizedCSR", "gcn_normalize", "csr_row_ids", "inverse_sqrt_degrees"]
+__all__ = [
+    "NormalizedCSR",
+    "gcn_normalize",
+    "csr_row_ids",
+    "inverse_sqrt_degrees",
+    "BlockEntries",
+    "renormalize_block",
+]
 
 
 @dataclass(frozen=True)
@@ -100,3 +107,76 @@ def gcn_normalize(
     inv_sqrt = inverse_sqrt_degrees(degrees, dtype)
     values = inv_sqrt[rows] * inv_sqrt[cols]
     return NormalizedCSR(indptr=indptr, indices=cols, values=values, degrees=degrees)
+
+
+@dataclass(frozen=True)
+class BlockEntries:
+    """A block of the adjacency in the normalisation a layer type asks for.
+
+    ``indptr`` ``(rows + 1,)``, ``indices`` ``(nnz,)`` global column ids, ``values``
+    ``(nnz,)``; ``row_scale`` and ``col_scale`` the factors :math:`r, c` with
+    ``values[k] = r[i] c[j]`` off the diagonal (what the scaled SpMM kernel applies).
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    row_scale: np.ndarray
+    col_scale: np.ndarray
+
+
+def renormalize_block(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    values: np.ndarray,
+    row_start: int,
+    row_degrees: np.ndarray,
+    col_degrees: np.ndarray,
+    normalisation: str,
+) -> BlockEntries:
+    r"""Block rows ``[row_start, row_start + len(indptr) - 1)`` of the stored symmetric
+    adjacency (``values`` :math:`(\hat d_i \hat d_j)^{-1/2}`, every vertex with one self
+    loop, ``row_degrees``/``col_degrees`` the :math:`\hat d` of its rows and columns) in
+    ``normalisation`` (one of :data:`~dgl_scalegnn.core.schedule.NORMALISATIONS`):
+
+    - ``symmetric``: as stored, :math:`r = c = \hat d^{-1/2}`;
+    - ``mean``: :math:`D^{-1} A`, self loops dropped, :math:`1 / d_i` with
+      :math:`d = \hat d - 1` the vertex's neighbours (an isolated vertex's row is empty:
+      its mean is 0, as in DGL's ``SAGEConv``), :math:`r = 1/\max(d, 1)`, :math:`c = 1`;
+    - ``sum``: :math:`A`, self loops dropped, every entry 1.
+
+    >>> import numpy as np
+    >>> csr = gcn_normalize(np.array([0, 0]), np.array([1, 2]), 3)
+    >>> mean = renormalize_block(csr.indptr, csr.indices, csr.values, 0, csr.degrees,
+    ...                          csr.degrees, "mean")
+    >>> mean.indptr.tolist(), mean.indices.tolist(), mean.values.tolist()
+    ([0, 2, 3, 4], [1, 2, 0, 0], [0.5, 0.5, 1.0, 1.0])
+    """
+    dtype = values.dtype
+    if normalisation == "symmetric":
+        return BlockEntries(
+            indptr,
+            indices,
+            values,
+            inverse_sqrt_degrees(row_degrees, dtype),
+            inverse_sqrt_degrees(col_degrees, dtype),
+        )
+    rows = csr_row_ids(indptr)
+    keep = indices != rows + row_start
+    kept_per_row = np.bincount(rows[keep], minlength=indptr.shape[0] - 1)
+    new_indptr = np.zeros_like(indptr)
+    np.cumsum(kept_per_row, out=new_indptr[1:])
+    neighbours = np.maximum(np.asarray(row_degrees, dtype=np.int64) - 1, 1)
+    if normalisation == "mean":
+        row_scale = (1.0 / neighbours).astype(dtype)
+    elif normalisation == "sum":
+        row_scale = np.ones(neighbours.shape[0], dtype=dtype)
+    else:
+        raise ValueError(f"unknown normalisation {normalisation!r}")
+    return BlockEntries(
+        new_indptr,
+        indices[keep],
+        row_scale[rows[keep]],
+        row_scale,
+        np.ones(np.asarray(col_degrees).shape[0], dtype=dtype),
+    )

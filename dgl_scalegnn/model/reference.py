@@ -5,15 +5,18 @@ and a module DGL users can train in a plain loop with
 .. math::
 
     X_{h,0} = X W_{in}, \\qquad
-    X_{h,l} = \\mathrm{Dropout}(\\mathrm{ReLU}(\\mathrm{RMSNorm}(A X_{h,l-1} W_l))) + X_{h,l-1},
+    X_{h,l} = \\mathrm{Dropout}(\\mathrm{ReLU}(\\mathrm{RMSNorm}(P_l(X_{h,l-1})))) + X_{h,l-1},
     \\qquad O = X_{h,L} W_{out}
 
-(without input projection :math:`X_{h,0} = X`; without head :math:`O = A X_{h,L-1} W_L`;
-``residual_from: aggregated`` adds :math:`A X_{h,l-1}`; ``final_norm`` normalises
-:math:`X_{h,L}` before :math:`W_{out}`; ``bias`` makes every :math:`X W` an :math:`X W + b`),
-with :math:`A` the weighted adjacency in ``graph.edata[weight]`` (aggregation over
-in-edges). Parameters are initialised exactly as the parallel model's global tensors and
-dropout uses the same hashed masks, so both compute the same numbers.
+with :math:`P_l` the product of the layer type ``model.conv``, computed by the layer's
+own :meth:`~dgl_scalegnn.model.convs.base.GraphLayer.reference` (without input
+projection :math:`X_{h,0} = X`; without head :math:`O = P_L(X_{h,L-1})`;
+``residual_from: aggregated`` adds the aggregated input; ``final_norm`` normalises
+:math:`X_{h,L}` before :math:`W_{out}`; ``bias`` makes every :math:`X W` an
+:math:`X W + b`), with :math:`A` the weighted adjacency in ``graph.edata[weight]`` in
+the layer type's normalisation (:func:`~dgl_scalegnn.sampling.dgl_loader.norm_graph`),
+aggregating over in-edges. Parameters are initialised exactly as the parallel model's
+global tensors and dropout uses the same hashed masks, so both compute the same numbers.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from torch import nn
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ModelConfig
-from dgl_scalegnn.core.schedule import layer_widths, parameter_shards
+from dgl_scalegnn.core.schedule import layer_widths
 from dgl_scalegnn.core.seeds import mix_seed
-from dgl_scalegnn.model.layers import INPUT_DROPOUT_LAYER, init_global_parameter
+from dgl_scalegnn.model.layers import INPUT_DROPOUT_LAYER
+from dgl_scalegnn.model.parameters import init_global_parameter
+from dgl_scalegnn.model.stack import conv_layer, parameter_shards
 from dgl_scalegnn.parallel.elementwise import hashed_dropout
 
 __all__ = ["ScaleGNN"]
@@ -53,8 +58,8 @@ class ScaleGNN(nn.Module):
     >>> import torch
     >>> from dgl_scalegnn._dgl import dgl
     >>> from dgl_scalegnn.config import ModelConfig
-    >>> from dgl_scalegnn.sampling.dgl_loader import gcn_norm_graph
-    >>> g = gcn_norm_graph(dgl.rand_graph(10, 30))
+    >>> from dgl_scalegnn.sampling.dgl_loader import norm_graph
+    >>> g = norm_graph(dgl.rand_graph(10, 30))
     >>> model = ScaleGNN(ModelConfig(hidden=8, layers=2), in_features=4, num_classes=3, seed=0)
     >>> model(g, torch.randn(10, 4)).shape
     torch.Size([10, 3])
@@ -66,15 +71,10 @@ class ScaleGNN(nn.Module):
         self.widths = layer_widths(cfg, in_features, num_classes)
         self.params = nn.ParameterDict(
             {
-                name: nn.Parameter(init_global_parameter(name, shard.global_shape, seed))
+                name: nn.Parameter(init_global_parameter(name, shard, seed))
                 for name, shard in parameter_shards(cfg, in_features, num_classes).items()
             }
         )
-
-    @staticmethod
-    def aggregate(graph: dgl.DGLGraph, features: torch.Tensor, weight: str) -> torch.Tensor:
-        """:math:`A X` (the SpMM of a GCN convolution)."""
-        return dgl.ops.u_mul_e_sum(graph, features, graph.edata[weight].to(features.dtype))
 
     def rms_norm(self, x: torch.Tensor, gain: str) -> torch.Tensor:
         inv_rms = torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + self.cfg.rms_eps)
@@ -116,14 +116,21 @@ class ScaleGNN(nn.Module):
             hidden = self.linear(features, "input_proj", "input_proj_bias")
         else:
             hidden = features
+        conv = conv_layer(cfg)
         for widths in self.widths:
-            aggregated = self.aggregate(graph, hidden, weight)
-            layer = f"layer{widths.index}"
-            out = self.linear(aggregated, f"{layer}_weight", f"{layer}_bias")
+            prefix = conv.prefix(widths.index)
+            own = {
+                name.removeprefix(prefix): param
+                for name, param in self.params.items()
+                if name.startswith(prefix)
+            }
+            out, aggregated = conv.reference(own, graph, hidden, weight, widths, cfg)
+            if f"{prefix}bias" in self.params:
+                out = out + self.params[f"{prefix}bias"]
             if widths.outputs_classes:
                 return out
             if cfg.norm:
-                out = self.rms_norm(out, f"{layer}_gain")
+                out = self.rms_norm(out, f"{prefix}gain")
             out = torch.relu(out)
             if self.training and cfg.dropout > 0:
                 out = self._dropout(out, vertex_ids, step, widths.index, cfg.dropout)

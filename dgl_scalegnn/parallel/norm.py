@@ -59,7 +59,7 @@ def sum_of_squares_cost(layout: Layout, sizes: LocalSizes) -> list[CollectiveCos
     ``(a, b, e)``: one float32 column of the rows of ``a`` over ``b``, forward and
     backward."""
     column = CollectiveCost(layout.cols, sizes.rows(layout.rows))
-    return [column, column]
+    return [column, CollectiveCost(layout.cols, sizes.rows(layout.rows), backward=True)]
 
 
 class _ReduceGradFn(torch.autograd.Function):
@@ -90,7 +90,7 @@ def reduce_grad(tensor: torch.Tensor, axis: Axis, runtime: Runtime) -> torch.Ten
 def reduce_grad_cost(axis: Axis, elements: float) -> list[CollectiveCost]:
     """Collective of :func:`reduce_grad` for a tensor of ``elements``: one float32
     all-reduce over ``axis`` in backward."""
-    return [CollectiveCost(axis, elements)]
+    return [CollectiveCost(axis, elements, backward=True)]
 
 
 def rms_norm(

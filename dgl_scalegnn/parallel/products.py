@@ -102,8 +102,8 @@ def linear_cost(
     rows, cols_in, cols_out = sizes.rows(a), sizes.cols(width_in, b), sizes.cols(width_out, e)
     costs = [CollectiveCost(b, rows * cols_out, low_precision=True)]
     if needs_dx:
-        costs.append(CollectiveCost(e, rows * cols_in, low_precision=True))
-    costs.append(CollectiveCost(a, cols_in * cols_out))
+        costs.append(CollectiveCost(e, rows * cols_in, low_precision=True, backward=True))
+    costs.append(CollectiveCost(a, cols_in * cols_out, backward=True))
     return costs
 
 
@@ -163,5 +163,6 @@ def spmm_cost(
     a, b, e = layout.rows, layout.cols, layout.rep
     costs = [CollectiveCost(a, sizes.rows(e) * sizes.cols(width, b), low_precision=True)]
     if needs_grad:
-        costs.append(CollectiveCost(e, sizes.rows(a) * sizes.cols(width, b), low_precision=True))
+        elements = sizes.rows(a) * sizes.cols(width, b)
+        costs.append(CollectiveCost(e, elements, low_precision=True, backward=True))
     return costs

@@ -108,5 +108,6 @@ def redistribute_cost(
         return []
     costs = [CollectiveCost(TP_GRID, sizes.sent(src, dst, width), "all_to_all")]
     if needs_grad:
-        costs.append(CollectiveCost(TP_GRID, sizes.sent(dst, src, width), "all_to_all"))
+        sent = sizes.sent(dst, src, width)
+        costs.append(CollectiveCost(TP_GRID, sent, "all_to_all", backward=True))
     return costs

@@ -1,4 +1,4 @@
-"""The paper's sampler for a single-process DGL loop: a GCN-normalised DGLGraph and a
+"""The paper's sampler for a single-process DGL loop: a normalised DGLGraph and a
 :class:`dgl.dataloading.Sampler` whose subgraphs carry the unbiased edge rescaling of
 :mod:`~dgl_scalegnn.sampling.uniform`.
 
@@ -9,33 +9,44 @@ sampling package needs DGL.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.data.normalize import gcn_normalize
+from dgl_scalegnn.data.normalize import csr_row_ids, gcn_normalize, renormalize_block
 from dgl_scalegnn.sampling.uniform import UniformSampler
 
-__all__ = ["gcn_norm_graph", "UniformVertexSampler"]
+__all__ = ["norm_graph", "UniformVertexSampler"]
 
 
-def gcn_norm_graph(graph: dgl.DGLGraph, weight: str = "w") -> dgl.DGLGraph:
-    """The GCN-normalised graph of ``graph`` for a single-process DGL loop.
+def norm_graph(
+    graph: dgl.DGLGraph, normalisation: str = "symmetric", weight: str = "w"
+) -> dgl.DGLGraph:
+    """The normalised graph of ``graph`` for a single-process DGL loop.
 
     Returns a new graph on the same vertices (ndata copied) whose edges are the
-    symmetrised, deduplicated edges plus one self loop per vertex, with
-    ``edata[weight]`` = :math:`(\\hat d_u \\hat d_v)^{-1/2}`. Edge ``u -> v`` carries
-    row ``v``, column ``u`` of :math:`A` (DGL aggregates over in-edges).
+    symmetrised, deduplicated edges, with ``edata[weight]`` the adjacency in
+    ``normalisation`` (:func:`~dgl_scalegnn.data.normalize.renormalize_block`):
+    ``symmetric`` adds one self loop per vertex and weighs
+    :math:`(\\hat d_u \\hat d_v)^{-1/2}` (GCN), ``mean`` weighs :math:`1 / d_v` (SAGE's
+    mean), ``sum`` 1 (sum aggregation). Edge ``u -> v`` carries row ``v``, column ``u`` of :math:`A`
+    (DGL aggregates over in-edges).
+
+    >>> g = norm_graph(dgl.graph(([0, 0], [1, 2])), "mean")
+    >>> g.num_edges(), sorted(g.edata["w"].tolist())
+    (4, [0.5, 0.5, 1.0, 1.0])
     """
     src, dst = graph.edges()
     csr = gcn_normalize(src.numpy(), dst.numpy(), graph.num_nodes())
-    rows = np.repeat(np.arange(csr.num_nodes), np.diff(csr.indptr))
+    entries = renormalize_block(
+        csr.indptr, csr.indices, csr.values, 0, csr.degrees, csr.degrees, normalisation
+    )
+    rows = csr_row_ids(entries.indptr)
     normalized = dgl.graph(
-        (torch.from_numpy(csr.indices), torch.from_numpy(rows)), num_nodes=graph.num_nodes()
+        (torch.from_numpy(entries.indices), torch.from_numpy(rows)), num_nodes=graph.num_nodes()
     )
     for key, value in graph.ndata.items():
         normalized.ndata[key] = value
-    normalized.edata[weight] = torch.from_numpy(csr.values)
+    normalized.edata[weight] = torch.from_numpy(entries.values)
     return normalized
 
 
@@ -46,7 +57,7 @@ class UniformVertexSampler(dgl.dataloading.Sampler):
     ``torch.arange(N)`` and ``shuffle=True`` each batch is a uniform ``B``-subset),
     returns the induced subgraph with ``edata[weight]`` divided by
     :math:`p = (B-1)/(N-1)` off the diagonal. The graph must come from
-    :func:`gcn_norm_graph` (or carry the normalised weights under ``weight``).
+    :func:`norm_graph` (or carry the normalised weights under ``weight``).
 
     Parameters
     ----------
@@ -57,7 +68,7 @@ class UniformVertexSampler(dgl.dataloading.Sampler):
     --------
     >>> import torch
     >>> from dgl_scalegnn._dgl import dgl
-    >>> g = gcn_norm_graph(dgl.rand_graph(100, 400))
+    >>> g = norm_graph(dgl.rand_graph(100, 400))
     >>> loader = dgl.dataloading.DataLoader(
     ...     g, torch.arange(100), UniformVertexSampler(), batch_size=20, shuffle=True)
     >>> subgraph = next(iter(loader))
@@ -72,7 +83,7 @@ class UniformVertexSampler(dgl.dataloading.Sampler):
     def sample(self, g: dgl.DGLGraph, indices: torch.Tensor) -> dgl.DGLGraph:
         if self.weight not in g.edata:
             raise KeyError(
-                f"edata[{self.weight!r}] is missing; build the graph with gcn_norm_graph(graph)"
+                f"edata[{self.weight!r}] is missing; build the graph with norm_graph(graph)"
             )
         vertices = torch.sort(torch.as_tensor(indices, dtype=torch.int64)).values
         subgraph = dgl.node_subgraph(g, vertices)

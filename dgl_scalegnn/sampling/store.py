@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis, Plane, block_range
-from dgl_scalegnn.core.schedule import adjacency_planes, logits_layout
-from dgl_scalegnn.data.normalize import inverse_sqrt_degrees
+from dgl_scalegnn.core.schedule import GCN_KIND, LayerKind, adjacency_planes, logits_layout
+from dgl_scalegnn.data.normalize import renormalize_block
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.data.tiles import TiledAdjacency, Verify, no_check, read_block
 from dgl_scalegnn.distributed.grid import Grid4D
@@ -43,7 +43,7 @@ from dgl_scalegnn.sampling.blocks import (
 from dgl_scalegnn.sampling.full_graph import FullGraph
 from dgl_scalegnn.sampling.uniform import EdgeScaling, UniformSampler
 
-__all__ = ["RankStore", "load_csr_block", "inverse_sqrt_degrees", "release_pages"]
+__all__ = ["RankStore", "load_csr_block", "release_pages"]
 
 SPLITS = ("train", "val", "test")
 # A block's vertex ranges: ((row start, row stop), (column start, column stop)).
@@ -55,31 +55,42 @@ def load_csr_block(
     rows: tuple[int, int],
     cols: tuple[int, int],
     verify: Verify = no_check,
+    normalisation: str = "symmetric",
 ) -> tuple[CSRBlock, int]:
-    """Read block ``rows x cols`` of the (memory-mapped) tiled adjacency.
+    """Read block ``rows x cols`` of the (memory-mapped) tiled adjacency, in the
+    ``normalisation`` the model's layers multiply by
+    (:func:`~dgl_scalegnn.data.normalize.renormalize_block`).
 
     Returns the block and the bytes read from the adjacency arrays to build it.
     """
     (r0, r1), (c0, c1) = rows, cols
-    dtype = adjacency.values.dtype
     read = read_block(adjacency, rows, cols, verify)
     verify("degrees", r0, r1)
     verify("degrees", c0, c1)
+    entries = renormalize_block(
+        read.indptr,
+        read.indices,
+        read.values,
+        r0,
+        adjacency.degrees[r0:r1],
+        adjacency.degrees[c0:c1],
+        normalisation,
+    )
+    # read.indices is ours: offset it in place rather than through a copy
+    in_place = entries.indices is read.indices
+    indices = np.subtract(entries.indices, c0, out=entries.indices if in_place else None)
     block = CSRBlock(
         row_start=r0,
         row_stop=r1,
         col_start=c0,
         col_stop=c1,
-        indptr=torch.from_numpy(read.indptr),
+        indptr=torch.from_numpy(entries.indptr),
         indices=torch.from_numpy(
-            # read.indices is ours: offset it in place rather than through an int64 copy
-            np.subtract(read.indices, c0, out=read.indices).astype(
-                np.int32 if c1 - c0 < 2**31 else np.int64, copy=False
-            )
+            indices.astype(np.int32 if c1 - c0 < 2**31 else np.int64, copy=False)
         ),
-        values=torch.from_numpy(read.values),
-        row_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[r0:r1], dtype)),
-        col_scale=torch.from_numpy(inverse_sqrt_degrees(adjacency.degrees[c0:c1], dtype)),
+        values=torch.from_numpy(entries.values),
+        row_scale=torch.from_numpy(entries.row_scale),
+        col_scale=torch.from_numpy(entries.col_scale),
     )
     return block, read.bytes_read
 
@@ -106,11 +117,15 @@ class RankStore:
     grid : Grid4D
         This rank's coordinates decide which ranges it reads.
     num_layers : int
-        Decides which adjacency planes (at most three) and the label axis.
+        With ``kind``, decides which adjacency planes (at most three) and the label axis.
     kernel : str
         Local SpMM kernel for the built batches.
     device : torch.device
         Where the share is kept and batches are built.
+    kind : LayerKind
+        The model's layer type as the schedule sees it
+        (:attr:`~dgl_scalegnn.model.convs.base.GraphLayer.kind`): the layouts its layers
+        read and the normalisation of the blocks.
     """
 
     def __init__(
@@ -120,6 +135,7 @@ class RankStore:
         num_layers: int,
         kernel: str = "auto",
         device: torch.device | str = "cpu",
+        kind: LayerKind = GCN_KIND,
     ) -> None:
         self.meta = graph.meta
         self.grid, self.kernel, self.device = grid, kernel, torch.device(device)
@@ -131,10 +147,12 @@ class RankStore:
         self._range_of: dict[Plane, BlockRanges] = {}
         by_range: dict[BlockRanges, CSRBlock] = {}
         self._host_indptr: dict[BlockRanges, torch.Tensor] = {}
-        for plane in adjacency_planes(num_layers):
+        for plane in adjacency_planes(num_layers, kind):
             ranges = self._vertex_range(plane.rows), self._vertex_range(plane.cols)
             if ranges not in by_range:
-                block, bytes_read = load_csr_block(graph.adjacency, *ranges, graph.verify)
+                block, bytes_read = load_csr_block(
+                    graph.adjacency, *ranges, graph.verify, kind.normalisation
+                )
                 by_range[ranges] = block.to(self.device)
                 self._host_indptr[ranges] = block.indptr
                 self.bytes_read += bytes_read
@@ -155,7 +173,7 @@ class RankStore:
         r0, r1 = self.feature_rows
         graph.verify("features", r0, r1)
         self.features = self._load(graph.features[r0:r1, f0:f1])
-        self.label_axis = logits_layout(num_layers).rows
+        self.label_axis = logits_layout(num_layers, kind=kind).rows
         self.label_rows = self._vertex_range(self.label_axis)
         l0, l1 = self.label_rows
         for name in ("labels", *(f"{split}_mask" for split in SPLITS)):

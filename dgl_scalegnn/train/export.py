@@ -50,13 +50,13 @@ from dgl_scalegnn.config import (
     config_from_mapping,
 )
 from dgl_scalegnn.core.grid_shape import GridShape
-from dgl_scalegnn.core.schedule import parameter_shards
 from dgl_scalegnn.data.datasets import load_source, read_graph_file
 from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.features import column_moments, scale_features
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.model.reference import ScaleGNN
-from dgl_scalegnn.sampling.dgl_loader import gcn_norm_graph
+from dgl_scalegnn.model.stack import layer_kind, parameter_shards
+from dgl_scalegnn.sampling.dgl_loader import norm_graph
 from dgl_scalegnn.train.checkpoint import (
     Checkpoint,
     _assemble,
@@ -259,7 +259,10 @@ class ExportedModel(nn.Module):
     @torch.no_grad()
     def forward(self, graph: dgl.DGLGraph) -> torch.Tensor:
         """``(N, C)`` logits of every vertex of ``graph``, in its vertex order."""
-        normalized = gcn_norm_graph(dgl.graph(graph.edges(), num_nodes=graph.num_nodes()))
+        normalisation = layer_kind(self.model.cfg).normalisation
+        normalized = norm_graph(
+            dgl.graph(graph.edges(), num_nodes=graph.num_nodes()), normalisation
+        )
         return self.model(normalized, self.features(graph))
 
     def classes(self, logits: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,7 @@ from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.bootstrap import cuda_environment, cuda_problem, driver_version
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.model.full_graph import full_graph_chunk_rows, full_graph_forward
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.sampling.full_graph import chunk_count
 from dgl_scalegnn.train.metrics import MetricsWriter, read_metrics
@@ -419,7 +420,7 @@ def _evaluate(
 
     def evaluate() -> None:
         with torch.no_grad():
-            result.append(trainer.model.forward_full_graph(full, chunk_rows))
+            result.append(full_graph_forward(trainer.model, full, chunk_rows))
 
     syncs = count_host_syncs(evaluate, device)
     if syncs is None:
@@ -489,7 +490,7 @@ def large_run(
         "seconds_per_step": statistics.median(e["step_s"] for e in timed),
         "breakdown_s": _breakdown(timed),
         "eval_s": evaluation["eval_s"],
-        "eval_chunk_rows": trainer.model.full_graph_chunk_rows(trainer.store.full_graph()),
+        "eval_chunk_rows": full_graph_chunk_rows(trainer.model, trainer.store.full_graph()),
         "accuracy": _accuracies(events),
         "final_loss": step_events[-1]["loss"],
         "peak_rss_mb": max(summary["max_rss_mb"]),

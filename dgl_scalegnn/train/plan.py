@@ -34,8 +34,9 @@ Machines (one rank per GPU, or per core for ``cpu``), rates as a rank sees them:
 Example
 -------
 >>> from dgl_scalegnn.perfmodel import Workload
+>>> from dgl_scalegnn.config import ModelConfig
 >>> work = Workload(num_nodes=20_000, nnz=220_000, batch_size=10_000, in_features=64,
-...                 hidden=128, num_classes=8, layers=2)
+...                 num_classes=8, model=ModelConfig(hidden=128, layers=2))
 >>> plans = rank_grids(work, 8, MACHINES["a100"], tf32=True)
 >>> len(plans), str(plans[0].grid)
 (20, '8x1x1x1')
@@ -350,16 +351,8 @@ def workload(cfg: Config, spec: Machine) -> tuple[Workload, Config, str]:
         nnz=shape.nnz,
         batch_size=min(cfg.sampling.batch_size, shape.num_nodes),
         in_features=shape.num_features,
-        hidden=model.hidden,
         num_classes=shape.num_classes,
-        layers=model.layers,
-        norm=model.norm,
-        residual=model.residual,
-        input_projection=model.input_projection,
-        head=model.head,
-        residual_from=model.residual_from,
-        final_norm=model.final_norm,
-        bias=model.bias,
+        model=model,
         bf16_comm=cfg.parallel.bf16_comm,
     )
     line = (

@@ -28,8 +28,10 @@ from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.model.full_graph import full_graph_forward
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
+from dgl_scalegnn.model.stack import layer_kind
 from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.prefetch import Prefetcher
@@ -162,7 +164,12 @@ class Trainer:
         #: ``sampling.method``'s sampler: this rank's DP group's vertices of each step.
         self.sampler = build_sampler(cfg.sampling, meta.num_nodes, group=self.grid.coords.d)
         self.store = RankStore(
-            graph, self.grid, cfg.model.layers, cfg.parallel.spmm_kernel, self.device
+            graph,
+            self.grid,
+            cfg.model.layers,
+            cfg.parallel.spmm_kernel,
+            self.device,
+            kind=layer_kind(cfg.model),
         )
         self.model = ParallelScaleGNN(
             cfg.model,
@@ -322,7 +329,7 @@ class Trainer:
         """Full-graph accuracy per split (a layer-wise distributed forward in row chunks)."""
         self.model.eval()
         graph = self.store.full_graph()
-        logits, spec = self.model.forward_full_graph(graph)
+        logits, spec = full_graph_forward(self.model, graph)
         counts = self.objective.counts(logits, spec, graph)
         del logits
         release_free_heap()  # the evaluation's row chunks, else the next one grows the heap

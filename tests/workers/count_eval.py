@@ -20,6 +20,7 @@ from dgl_scalegnn.core.layout import Axis
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.model.full_graph import full_graph_forward
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
@@ -56,7 +57,7 @@ def main(base: dict, variants: dict, chunk_rows: int, out: str) -> None:
             calls.clear()
             runtime.profiler.reset()
             with HostSyncCounter() as syncs:
-                trainer.model.forward_full_graph(full, chunk_rows)
+                full_graph_forward(trainer.model, full, chunk_rows)
             record = {"calls": calls, "bytes": runtime.profiler.bytes, "syncs": syncs.total}
             path = Path(out, f"eval{runtime.grid.rank}_{name}.json")
             path.write_text(json.dumps(record))

@@ -18,6 +18,7 @@ import torch
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.model.full_graph import full_graph_forward
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
@@ -34,7 +35,7 @@ def main(spec_path: str) -> None:
             trainer = Trainer(cfg, prepared, session.runtime, MetricsWriter(None, enabled=False))
             trainer.fit()
             trainer.model.eval()
-            logits, logits_spec = trainer.model.forward_full_graph(trainer.store.full_graph())
+            logits, logits_spec = full_graph_forward(trainer.model, trainer.store.full_graph())
             record = {
                 "logits": logits,
                 "logit_rows": logits_spec.row_range(grid.coords),

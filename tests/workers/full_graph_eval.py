@@ -2,7 +2,7 @@
 
 Run by :func:`tests.ranks.spawn_ranks` as ``tests.workers.full_graph_eval:main``. For
 each model variant of the spec, saves ``rank{r}_{variant}.pt`` to ``spec["out"]``: the
-logits shard of :meth:`ParallelScaleGNN.forward_full_graph` (``spec["chunk_rows"]``
+logits shard of :func:`~dgl_scalegnn.model.full_graph.full_graph_forward` (``spec["chunk_rows"]``
 rows per chunk) and of the training forward on a whole-graph batch built with
 :func:`~dgl_scalegnn.sampling.blocks.full_block` (the evaluation before the layer-wise
 one), and the accuracy counts of both.
@@ -17,6 +17,7 @@ import torch
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.model.full_graph import full_graph_forward
 from dgl_scalegnn.parallel.spmm import build_local_spmm
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.blocks import full_block
@@ -46,7 +47,7 @@ def main(spec_path: str) -> None:
             graph = trainer.store.full_graph()
             trainer.model.eval()
             with torch.no_grad():
-                logits, logits_spec = trainer.model.forward_full_graph(graph, spec["chunk_rows"])
+                logits, logits_spec = full_graph_forward(trainer.model, graph, spec["chunk_rows"])
                 whole = RankBatch(
                     step=-1,
                     rows=graph.rows,

@@ -1,0 +1,200 @@
+"""Every layer type beyond GCN on the 3D PMM grid equals DGL's own module (GraphSAGE-mean:
+``SAGEConv('mean')``).
+
+Oracle: a stack of DGL's modules (:data:`DGL_MODULES`) holding the same global weights,
+on the graph the prepared dataset describes (symmetrised, deduplicated, no self loops),
+full batch (so :math:`p = 1`): the grid's logits, loss, every gradient and its chunked full-graph
+evaluation must equal the stack's, on 1x1x1x1, 1x2x2x2, 2x1x2x1 (data parallel) and
+1x1x3x2 (97 rows in three uneven parts). The paper's model (projection, RMSNorm,
+residual, head) with each layer type is checked on a sampled batch against the
+single-process reference, whose adjacency carries the sampler's :math:`1/p`. The
+estimator of the neighbour mean under uniform vertex sampling is tested for bias.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks.common import prepared_dgl_graph
+from dgl_scalegnn._dgl import dgl
+from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.core.grid_shape import Coords, GridShape
+from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.model.convs.sage import SAGELayer
+from dgl_scalegnn.model.reference import ScaleGNN
+from dgl_scalegnn.model.stack import parameter_shards
+from dgl_scalegnn.parallel.spmm import build_local_spmm
+from dgl_scalegnn.sampling.blocks import full_block
+from dgl_scalegnn.sampling.dgl_loader import norm_graph
+from dgl_scalegnn.sampling.store import RankStore
+from dgl_scalegnn.sampling.uniform import UniformSampler
+from tests.helpers import random_dataset, relative_error
+from tests.oracle import assemble, reference_step
+from tests.ranks import spawn_ranks
+
+GRAPH = {"num_nodes": 97, "num_edges": 400, "num_features": 11, "num_classes": 5}
+TOLERANCE = 1e-5
+#: DGL's form: the layers alone, biases, no norm, residual or dropout.
+DGL_FORM = {
+    "hidden": 13,
+    "layers": 3,
+    "dropout": 0.0,
+    "norm": False,
+    "residual": False,
+    "input_projection": False,
+    "head": False,
+    "bias": True,
+}
+PAPER_FORM = {"hidden": 13, "layers": 3, "dropout": 0.3, "bias": True}
+CASES = {
+    "sage_dgl": {"model": {**DGL_FORM, "conv": "sage"}, "batch_size": 97, "chunk_rows": 7},
+    "sage_sampled": {"model": {**PAPER_FORM, "conv": "sage"}, "batch_size": 61},
+}
+GRIDS = ["1x1x1x1", "1x2x2x2", "2x1x2x1", "1x1x3x2"]
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    return prepare_in_memory(random_dataset(**GRAPH), permutation_seed=3)
+
+
+def _sage(cfg: ModelConfig, p: dict[str, torch.Tensor]) -> nn.Module:
+    """DGL's ``SAGEConv('mean')`` holding one layer's global weights ``p``."""
+    width_in, width_out = p["weight"].shape
+    module = dgl.nn.SAGEConv(width_in, width_out, "mean")
+    module.fc_self.weight = nn.Parameter(p["self_weight"].detach().t().clone())
+    module.fc_neigh.weight = nn.Parameter(p["weight"].detach().t().clone())
+    module.fc_self.bias = nn.Parameter(p["bias"].detach().clone())  # DGL's bias
+    return module
+
+
+def _sage_grads(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        "self_weight": module.fc_self.weight.grad.t(),
+        "weight": module.fc_neigh.weight.grad.t(),
+        "bias": module.fc_self.bias.grad,
+    }
+
+
+#: Each layer type's DGL module (from global weights) and its gradients by our names.
+DGL_MODULES = {"sage": (_sage, _sage_grads)}
+
+
+def dgl_oracle(prepared, model: dict) -> dict:
+    """Logits, loss and gradients of DGL's stack on the whole graph (train-mask loss)."""
+    cfg = ModelConfig(**model)
+    meta = prepared.meta
+    reference = ScaleGNN(cfg, in_features=meta.num_features, num_classes=meta.num_classes, seed=0)
+    build, grads_of = DGL_MODULES[cfg.conv]
+    modules = [
+        build(cfg, {k.removeprefix(f"layer{i}_"): v for k, v in reference.params.items()})
+        for i in range(cfg.layers)
+    ]
+    graph = norm_graph(prepared_dgl_graph(prepared), "sum")  # the edges, no self loops
+    hidden = torch.from_numpy(prepared.features[:])
+    for index, module in enumerate(modules):
+        hidden = module(graph, hidden)
+        if index < len(modules) - 1:
+            hidden = torch.relu(hidden)
+    mask = torch.from_numpy(prepared.train_mask[:])
+    loss = nn.functional.cross_entropy(hidden[mask], torch.from_numpy(prepared.labels[:])[mask])
+    loss.backward()
+    grads = {
+        f"layer{i}_{name}": grad
+        for i, module in enumerate(modules)
+        for name, grad in grads_of(module).items()
+    }
+    return {"logits": hidden.detach(), "loss": loss.item(), "grads": grads}
+
+
+def _global(records: list[dict], key: str, shape: tuple[int, ...]) -> torch.Tensor:
+    return assemble(
+        records,
+        lambda r: ((slice(*r[key]["rows"]), slice(*r[key]["cols"])), r[key]["value"]),
+        shape,
+    )
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+def test_each_layer_type_matches_dgls_module_on_every_grid(grid, prepared, tmp_path):
+    shape = GridShape.parse(grid)
+    spec = {"grid": grid, "graph": GRAPH, "cases": CASES, "out": str(tmp_path)}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    spawn_ranks(
+        shape.world_size, "tests.workers.conv_oracle:main", [str(tmp_path / "spec.json")], tmp_path
+    )
+    for name, case in CASES.items():
+        records = [torch.load(tmp_path / f"rank{r}_{name}.pt") for r in range(shape.world_size)]
+        for record in records:
+            record["coords"] = Coords(*record["coords"])
+        cfg = ModelConfig(**case["model"])
+        shards = parameter_shards(cfg, GRAPH["num_features"], GRAPH["num_classes"])
+        if "chunk_rows" in case:  # DGL's modules, full batch: every DP group alike
+            expected = dgl_oracle(prepared, case["model"])
+            expected_grads = expected["grads"]
+            groups = {d: expected for d in range(shape.dp)}
+            evaluated = _global(records, "eval", expected["logits"].shape)
+            assert relative_error(evaluated, expected["logits"]) < TOLERANCE, name
+        else:  # the reference on each DP group's sampled batch, gradients averaged
+            groups = {
+                d: reference_step(prepared, cfg, case["batch_size"], d) for d in range(shape.dp)
+            }
+            expected_grads = {
+                n: sum(groups[d]["grads"][n] for d in groups) / shape.dp for n in shards
+            }
+        assert set(expected_grads) == set(shards), name
+        for d, expected in groups.items():
+            group = [r for r in records if r["coords"].d == d]
+            logits = _global(group, "logits", expected["logits"].shape)
+            assert relative_error(logits, expected["logits"]) < TOLERANCE, name
+            assert all(r["loss"] == pytest.approx(expected["loss"], rel=TOLERANCE) for r in group)
+        for param, shard in shards.items():
+            grad = assemble(
+                records,
+                lambda r, s=shard, n=param: (s.local_slices(shape, r["coords"]), r["grads"][n]),
+                shard.global_shape,
+            )
+            error = relative_error(grad, expected_grads[param])
+            assert error < TOLERANCE, f"{name}: gradient of {param}, relative error {error:.1e}"
+
+
+def test_sampled_neighbour_mean_is_unbiased_and_the_sampled_only_mean_is_not(prepared):
+    """SAGE's estimator :math:`\\frac{1}{d_v p}\\sum_{u \\in N(v) \\cap S} x_u` of the
+    neighbour mean, averaged over the samples that contain ``v``, is within sampling
+    noise of the full mean (the full-graph evaluation's value, ``p = 1``): the mean
+    z-score of its error is that of a standard normal (about 0.8). The mean over the
+    sampled neighbours alone (0 where none is drawn) is off by more than its noise."""
+    n, batch, steps = prepared.meta.num_nodes, 30, 2000
+    store = RankStore(prepared, Grid4D.view(GridShape.parse("1x1x1x1"), 0), 1, kind=SAGELayer.kind)
+    features = torch.from_numpy(prepared.features[:]).double()
+    plane = next(iter(store.blocks))
+    exact = build_local_spmm(full_block(store.full_graph().blocks[plane])).matmul(features)
+    sampler = UniformSampler(n, batch, seed=5)
+    estimates: dict[str, list[torch.Tensor]] = {"scaled": [], "sampled_only": []}
+    drawn = []
+    for step in range(steps):
+        sample = sampler.draw(step)
+        adjacency = store.batch(sample, step, sampler.scaling()).adjacency[plane]
+        aggregated = adjacency.matmul(features.index_select(0, sample))
+        weight = adjacency.matmul(torch.ones(sample.numel(), 1, dtype=torch.float64))
+        estimates["scaled"].append(aggregated)
+        estimates["sampled_only"].append(torch.where(weight > 0, aggregated / weight, 0.0))
+        drawn.append(sample)
+    vertices = torch.cat(drawn)
+    counts = torch.bincount(vertices, minlength=n).double()[:, None]
+    connected = exact.abs().sum(1) > 0
+    z_scores = {}
+    for name, values in estimates.items():
+        values = torch.cat(values)
+        mean = torch.zeros_like(exact).index_add_(0, vertices, values) / counts
+        square = torch.zeros_like(exact).index_add_(0, vertices, values**2) / counts
+        standard_error = ((square - mean**2).clamp(min=1e-12) / counts).sqrt()
+        z_scores[name] = ((mean - exact).abs() / standard_error)[connected].mean().item()
+    print(f"mean |z| of the neighbour-mean estimators: {z_scores}")
+    assert 0.5 < z_scores["scaled"] < 1.2
+    assert z_scores["sampled_only"] > 1.5  # biased: twice the noise of an unbiased one
