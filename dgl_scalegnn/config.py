@@ -208,9 +208,11 @@ class ModelConfig:
     """ScaleGNN model: input projection, ``layers`` graph layers of type ``conv``, output head.
 
     ``conv`` (one of :data:`CONVS`) is the layer type: ``gcn`` (the default,
-    :math:`\\tilde A X W`) or ``sage`` (GraphSAGE-mean,
-    :math:`X W_{self} + (D^{-1} A X) W`); each layer's output then goes through the same
-    tail (norm, ReLU, dropout, residual).
+    :math:`\\tilde A X W`), ``sage`` (GraphSAGE-mean,
+    :math:`X W_{self} + (D^{-1} A X) W`) or ``gin`` (:math:`\\mathrm{MLP}((1 + \\epsilon) X
+    + A X)`, with ``gin_eps`` the initial :math:`\\epsilon`, learnt when
+    ``gin_learn_eps``); each layer's output then goes through the same tail (norm, ReLU,
+    dropout, residual).
 
     ``input_projection`` and ``head`` are the paper's form when true. Without the input
     projection the first GCN layer reads the features; without the head the last GCN
@@ -242,6 +244,8 @@ class ModelConfig:
     final_norm: bool = False
     rms_eps: float = 1e-6
     bias: bool = False
+    gin_eps: float = 0.0
+    gin_learn_eps: bool = False
 
 
 @dataclass(frozen=True)
@@ -378,7 +382,7 @@ SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
 #: Every vertex sampler (``sampling.method``; see :mod:`dgl_scalegnn.sampling.sampler`).
 SAMPLING_METHODS = ("uniform",)
 #: Every graph layer type (``model.conv``; see :mod:`dgl_scalegnn.model.convs`).
-CONVS = ("gcn", "sage")
+CONVS = ("gcn", "sage", "gin")
 #: The device each ``parallel.backend`` runs on.
 _BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
 #: Switches that take ``auto`` (decided by the device) besides true and false.
@@ -529,6 +533,11 @@ def check_config(cfg: Config) -> None:
         rate = getattr(cfg.model, key)
         if not 0.0 <= rate < 1.0:
             raise ConfigError(f"model.{key}: got {rate}; it must be in [0, 1)")
+    if cfg.model.conv != "gin" and (cfg.model.gin_eps != 0 or cfg.model.gin_learn_eps):
+        raise ConfigError(
+            f"model.gin_eps / model.gin_learn_eps set with model.conv: {cfg.model.conv}; they "
+            "are GIN's (model.conv: gin): remove them or choose gin"
+        )
     if cfg.model.rms_eps <= 0:
         raise ConfigError(
             f"model.rms_eps: got {cfg.model.rms_eps}; it must be positive (an all-zero row "

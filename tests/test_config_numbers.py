@@ -69,6 +69,7 @@ def test_the_float_keys_are_found():
         "model.dropout": 0.5,
         "model.input_dropout": 0.0,
         "model.rms_eps": 1e-6,
+        "model.gin_eps": 0.0,
         "train.target_acc": None,
         "parallel.timeout_s": 300.0,
         "parallel.watchdog_s": 15.0,

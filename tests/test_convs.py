@@ -1,5 +1,5 @@
 """Every layer type beyond GCN on the 3D PMM grid equals DGL's own module (GraphSAGE-mean:
-``SAGEConv('mean')``).
+``SAGEConv('mean')``; GIN: ``GINConv``).
 
 Oracle: a stack of DGL's modules (:data:`DGL_MODULES`) holding the same global weights,
 on the graph the prepared dataset describes (symmetrised, deduplicated, no self loops),
@@ -21,7 +21,7 @@ from torch import nn
 
 from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.config import ConfigError, ModelConfig, config_from_mapping
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.grid import Grid4D
@@ -51,9 +51,15 @@ DGL_FORM = {
     "bias": True,
 }
 PAPER_FORM = {"hidden": 13, "layers": 3, "dropout": 0.3, "bias": True}
+GIN = {"conv": "gin", "gin_eps": 0.1, "gin_learn_eps": True}
 CASES = {
     "sage_dgl": {"model": {**DGL_FORM, "conv": "sage"}, "batch_size": 97, "chunk_rows": 7},
     "sage_sampled": {"model": {**PAPER_FORM, "conv": "sage"}, "batch_size": 61},
+    "gin_dgl": {"model": {**DGL_FORM, **GIN}, "batch_size": 97, "chunk_rows": 7},
+    "gin_sampled": {
+        "model": {**PAPER_FORM, **GIN, "residual_from": "aggregated"},
+        "batch_size": 61,
+    },
 }
 GRIDS = ["1x1x1x1", "1x2x2x2", "2x1x2x1", "1x1x3x2"]
 
@@ -81,8 +87,30 @@ def _sage_grads(module: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def _gin(cfg: ModelConfig, p: dict[str, torch.Tensor]) -> nn.Module:
+    """DGL's ``GINConv`` (sum, two-layer MLP) holding one layer's global weights ``p``."""
+    (width_in, hidden), width_out = p["hidden_weight"].shape, p["weight"].shape[1]
+    mlp = nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, width_out))
+    mlp[0].weight = nn.Parameter(p["hidden_weight"].detach().t().clone())
+    mlp[0].bias = nn.Parameter(p["hidden_bias"].detach().clone())
+    mlp[2].weight = nn.Parameter(p["weight"].detach().t().clone())
+    mlp[2].bias = nn.Parameter(p["bias"].detach().clone())
+    return dgl.nn.GINConv(mlp, "sum", init_eps=cfg.gin_eps, learn_eps=cfg.gin_learn_eps)
+
+
+def _gin_grads(module: nn.Module) -> dict[str, torch.Tensor]:
+    mlp = module.apply_func
+    return {
+        "hidden_weight": mlp[0].weight.grad.t(),
+        "hidden_bias": mlp[0].bias.grad,
+        "weight": mlp[2].weight.grad.t(),
+        "bias": mlp[2].bias.grad,
+        "eps": module.eps.grad.reshape(()),
+    }
+
+
 #: Each layer type's DGL module (from global weights) and its gradients by our names.
-DGL_MODULES = {"sage": (_sage, _sage_grads)}
+DGL_MODULES = {"sage": (_sage, _sage_grads), "gin": (_gin, _gin_grads)}
 
 
 def dgl_oracle(prepared, model: dict) -> dict:
@@ -198,3 +226,9 @@ def test_sampled_neighbour_mean_is_unbiased_and_the_sampled_only_mean_is_not(pre
     print(f"mean |z| of the neighbour-mean estimators: {z_scores}")
     assert 0.5 < z_scores["scaled"] < 1.2
     assert z_scores["sampled_only"] > 1.5  # biased: twice the noise of an unbiased one
+
+
+def test_gin_settings_on_another_layer_type_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"model.gin_eps / model.gin_learn_eps set with"):
+        config_from_mapping({"model": {"conv": "sage", "gin_learn_eps": True}})
+    assert config_from_mapping({"model": {"conv": "gin", "gin_eps": 0.5}}).model.gin_eps == 0.5
