@@ -110,6 +110,21 @@ def analyse(report: Mapping[str, Any]) -> dict[str, Any]:
                 "ours_s": seconds[ours_8],
             },
         }
+    # dgl_scalegnn's other layer types against DGL's GraphSAGE trainer (one process each)
+    layer_types = {
+        method: {
+            label: {
+                "ratio": _ratio(seconds[methods[4]], seconds[method]),
+                "peer_s": seconds[methods[4]],
+                "ours_s": seconds[method],
+            }
+            for label, seconds in (
+                (label, {m: figures[m]["to_target"][label]["seconds"] for m in methods})
+                for label in targets
+            )
+        }
+        for method in methods[6:]
+    }
     sage = figures[methods[4]]
     ours_eval = figures[ours_1]["eval_s_per_round"]
     evaluation = {
@@ -124,6 +139,7 @@ def analyse(report: Mapping[str, Any]) -> dict[str, Any]:
         "targets": targets,
         "methods": figures,
         "speedup_to_target": speedups,
+        "layer_types_vs_graphsage": layer_types,
         "eval_speedup": evaluation,
     }
 
@@ -234,6 +250,14 @@ def markdown(payload: Mapping[str, Any]) -> str:
             for procs, entry in by_procs.items()
         ]
         lines += _table(["target", "processes", "fastest peer", "ratio"], ratio_rows)
+        layer_rows = [
+            [method, label, _speedup_text({**entry, "fastest_peer": "GraphSAGE"})]
+            for method, by_target in analysis.get("layer_types_vs_graphsage", {}).items()
+            for label, entry in by_target.items()
+        ]
+        if layer_rows:
+            lines += ["", "Time to target, DGL's GraphSAGE / dgl_scalegnn's layer types:", ""]
+            lines += _table(["dgl_scalegnn", "target", "ratio"], layer_rows)
         lines += ["", "Evaluation per round, other / dgl_scalegnn:", ""]
         eval_rows = [
             [what, _ratio_text(value, PAPER_EVAL_SPEEDUP if "sampled" in what else 1.0)]

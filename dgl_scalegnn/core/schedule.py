@@ -30,9 +30,9 @@ __all__ = [
 ]
 
 #: How a layer type wants the adjacency it multiplies by: ``symmetric``
-#: :math:`\hat D^{-1/2} (A + I) \hat D^{-1/2}` (GCN), ``mean`` :math:`D^{-1} A` (no self
-#: loops, GraphSAGE's mean) or ``sum`` :math:`A` (no self loops: sum aggregation).
-NORMALISATIONS = ("symmetric", "mean", "sum")
+#: :math:`\hat D^{-1/2} (A + I) \hat D^{-1/2}` (GCN) or ``sum`` :math:`A` (no self loops:
+#: sums over the neighbours, and GraphSAGE's mean as a ratio of two of them).
+NORMALISATIONS = ("symmetric", "sum")
 
 
 @dataclass(frozen=True)

@@ -140,17 +140,14 @@ def renormalize_block(
     ``normalisation`` (one of :data:`~dgl_scalegnn.core.schedule.NORMALISATIONS`):
 
     - ``symmetric``: as stored, :math:`r = c = \hat d^{-1/2}`;
-    - ``mean``: :math:`D^{-1} A`, self loops dropped, :math:`1 / d_i` with
-      :math:`d = \hat d - 1` the vertex's neighbours (an isolated vertex's row is empty:
-      its mean is 0, as in DGL's ``SAGEConv``), :math:`r = 1/\max(d, 1)`, :math:`c = 1`;
     - ``sum``: :math:`A`, self loops dropped, every entry 1.
 
     >>> import numpy as np
     >>> csr = gcn_normalize(np.array([0, 0]), np.array([1, 2]), 3)
-    >>> mean = renormalize_block(csr.indptr, csr.indices, csr.values, 0, csr.degrees,
-    ...                          csr.degrees, "mean")
-    >>> mean.indptr.tolist(), mean.indices.tolist(), mean.values.tolist()
-    ([0, 2, 3, 4], [1, 2, 0, 0], [0.5, 0.5, 1.0, 1.0])
+    >>> summed = renormalize_block(csr.indptr, csr.indices, csr.values, 0, csr.degrees,
+    ...                            csr.degrees, "sum")
+    >>> summed.indptr.tolist(), summed.indices.tolist(), summed.values.tolist()
+    ([0, 2, 3, 4], [1, 2, 0, 0], [1.0, 1.0, 1.0, 1.0])
     """
     dtype = values.dtype
     if normalisation == "symmetric":
@@ -161,22 +158,17 @@ def renormalize_block(
             inverse_sqrt_degrees(row_degrees, dtype),
             inverse_sqrt_degrees(col_degrees, dtype),
         )
+    if normalisation != "sum":
+        raise ValueError(f"unknown normalisation {normalisation!r}")
     rows = csr_row_ids(indptr)
     keep = indices != rows + row_start
     kept_per_row = np.bincount(rows[keep], minlength=indptr.shape[0] - 1)
     new_indptr = np.zeros_like(indptr)
     np.cumsum(kept_per_row, out=new_indptr[1:])
-    neighbours = np.maximum(np.asarray(row_degrees, dtype=np.int64) - 1, 1)
-    if normalisation == "mean":
-        row_scale = (1.0 / neighbours).astype(dtype)
-    elif normalisation == "sum":
-        row_scale = np.ones(neighbours.shape[0], dtype=dtype)
-    else:
-        raise ValueError(f"unknown normalisation {normalisation!r}")
     return BlockEntries(
         new_indptr,
         indices[keep],
-        row_scale[rows[keep]],
-        row_scale,
+        np.ones(int(new_indptr[-1]), dtype=dtype),
+        np.ones(indptr.shape[0] - 1, dtype=dtype),
         np.ones(np.asarray(col_degrees).shape[0], dtype=dtype),
     )

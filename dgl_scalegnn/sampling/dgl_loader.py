@@ -27,13 +27,13 @@ def norm_graph(
     symmetrised, deduplicated edges, with ``edata[weight]`` the adjacency in
     ``normalisation`` (:func:`~dgl_scalegnn.data.normalize.renormalize_block`):
     ``symmetric`` adds one self loop per vertex and weighs
-    :math:`(\\hat d_u \\hat d_v)^{-1/2}` (GCN), ``mean`` weighs :math:`1 / d_v` (SAGE's
-    mean), ``sum`` 1 (sum aggregation). Edge ``u -> v`` carries row ``v``, column ``u`` of :math:`A`
-    (DGL aggregates over in-edges).
+    :math:`(\\hat d_u \\hat d_v)^{-1/2}` (GCN), ``sum`` weighs 1 and has no self loops.
+    Edge ``u -> v`` carries row ``v``, column ``u`` of :math:`A` (DGL aggregates over
+    in-edges).
 
-    >>> g = norm_graph(dgl.graph(([0, 0], [1, 2])), "mean")
-    >>> g.num_edges(), sorted(g.edata["w"].tolist())
-    (4, [0.5, 0.5, 1.0, 1.0])
+    >>> g = norm_graph(dgl.graph(([0, 0], [1, 2])), "sum")
+    >>> g.num_edges(), g.edata["w"].tolist()
+    (4, [1.0, 1.0, 1.0, 1.0])
     """
     src, dst = graph.edges()
     csr = gcn_normalize(src.numpy(), dst.numpy(), graph.num_nodes())

@@ -261,16 +261,22 @@ class GraphLayer(nn.Module):
         projection: InputProjection | None,
     ) -> tuple[torch.Tensor, ShardSpec]:
         """:math:`A X` in ``spec.layout.after_spmm()``; with ``projection`` (one TP rank)
-        :math:`A (X W_{in} + 1 b_{in})` of the features ``x``
-        (:meth:`~dgl_scalegnn.model.layers.InputProjection.project_aggregated`)."""
+        :math:`A (X W_{in} + 1 b_{in})` of the features ``x`` (:meth:`aggregate_projected`)."""
         aggregated, aggregated_spec = parallel_spmm(x, adjacency, spec, self.runtime)
         if projection is None:
             return aggregated, aggregated_spec
+        aggregated = self.aggregate_projected(aggregated, adjacency, projection)
+        return aggregated, aggregated_spec.with_layout(aggregated_spec.layout, self.cfg.hidden)
+
+    def aggregate_projected(
+        self, aggregated: torch.Tensor, adjacency: LocalSpMM, projection: InputProjection
+    ) -> torch.Tensor:
+        """:math:`(A X) W_{in} + (A 1) b_{in}` from ``aggregated`` :math:`= A X` on one
+        TP rank (:meth:`~dgl_scalegnn.model.layers.InputProjection.project_aggregated`)."""
         if self.runtime.grid.shape.tp_size != 1:
             raise ValueError("the projection folds into a layer on one TP rank only")
         with self.runtime.profiler.region("gemm"):
-            aggregated = projection.project_aggregated(aggregated, adjacency)
-        return aggregated, aggregated_spec.with_layout(aggregated_spec.layout, self.cfg.hidden)
+            return projection.project_aggregated(aggregated, adjacency)
 
     def own_rows_in(
         self,
