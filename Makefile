@@ -7,7 +7,7 @@ NP ?= 4
 GRID ?= 1x1x2x2
 CONFIG ?= yaml/synthetic.yaml
 
-.PHONY: install test test-gpu gpu-check run lint bench bench-scale bench-real clean
+.PHONY: install test test-gpu gpu-check run lint bench bench-scale bench-real bench-real-layers clean
 
 # torch first, pinned. On Linux PyPI's torch==2.13.0 is the CUDA 13 build (GBs, driver
 # >= 580: docs/gpu.md); pip takes a CPU build (2.13.0+cpu) where its find-links or index
@@ -68,6 +68,14 @@ bench-scale:
 # GraphConv and SAGEConv recipes and GraphSAINT-node, 10 seeds (benchmarks/results/bench_real.md).
 bench-real:
 	OMP_WAIT_POLICY=passive $(PY) -m benchmarks.bench_real
+
+# GraphSAGE-mean and GIN (model.conv) with our defaults against DGL's full-batch SAGEConv
+# ('mean') and GINConv trainers, and the GCN pair, on Cora and Citeseer, 10 seeds
+# (benchmarks/results/bench_real_layers.md).
+bench-real-layers:
+	OMP_WAIT_POLICY=passive $(PY) -m benchmarks.bench_real --name bench_real_layers \
+	  --graphs cora citeseer --methods "ours, defaults" "DGL GraphConv" \
+	  "ours SAGE, defaults" "DGL SAGEConv mean" "ours GIN, defaults" "DGL GINConv"
 
 clean:
 	rm -rf runs .pytest_cache

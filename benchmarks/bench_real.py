@@ -18,6 +18,11 @@ training time (evaluation excluded) of:
     :mod:`benchmarks.baselines.graphsaint` on rows scaled to sum 1, its budget and its
     normalisation (on or off) swept on every graph (seeds 0-2, best mean validation)
     before the 10 seeds.
+``ours SAGE, defaults``, ``ours GIN, defaults``
+    The defaults with ``model.conv: sage`` / ``gin`` (not in the default run:
+    ``make bench-real-layers`` runs them on Planetoid's Cora and Citeseer, beside
+    ``DGL SAGEConv mean`` and ``DGL GINConv``, DGL's full-batch trainers of the same
+    layers, and writes ``bench_real_layers.{md,json}``).
 
 Runs go two at a time, one core each. Writes ``benchmarks/results/bench_real.{md,json}``.
 ``python -m benchmarks.bench_real [--seeds 0 1 ...] [--graphs cora ...]``.
@@ -57,7 +62,10 @@ _CORA_PAPER = yaml.safe_load(
 #: ``model`` and ``optim`` of the paper's model, as yaml/cora-paper.yaml gives them.
 PAPER_MODEL: dict[str, dict[str, Any]] = {s: _CORA_PAPER[s] for s in ("model", "optim")}
 
+#: The methods of ``make bench-real``.
 METHODS = ("ours, defaults", "ours, paper model", "DGL GraphConv", "DGL SAGEConv", "GraphSAINT")
+#: The other layer types and DGL's trainers of the same layers.
+LAYER_METHODS = ("ours SAGE, defaults", "DGL SAGEConv mean", "ours GIN, defaults", "DGL GINConv")
 #: The reference of the goal: the defaults reach its mean test accuracy minus this.
 GOAL_POINTS = 1.0
 
@@ -136,7 +144,15 @@ def _planned(method: str, graph: str, seed: int, file: str):
         return _ours, (file, seed, {})
     if method == "ours, paper model":
         return _ours, (file, seed, PAPER_MODEL)
-    recipe = {"DGL GraphConv": dgl_recipes.GRAPHCONV, "DGL SAGEConv": dgl_recipes.SAGECONV}
+    layer_type = {"ours SAGE, defaults": "sage", "ours GIN, defaults": "gin"}
+    if method in layer_type:
+        return _ours, (file, seed, {"model": {"conv": layer_type[method]}})
+    recipe = {
+        "DGL GraphConv": dgl_recipes.GRAPHCONV,
+        "DGL SAGEConv": dgl_recipes.SAGECONV,
+        "DGL SAGEConv mean": dgl_recipes.SAGECONV_MEAN,
+        "DGL GINConv": dgl_recipes.GINCONV,
+    }
     return _peer, (recipe[method], graph, {}, seed)
 
 
@@ -172,7 +188,11 @@ def _summarise(runs: Mapping[tuple[str, str, int], dict[str, Any]]) -> dict[str,
 
 
 def _markdown(
-    summary: Mapping[str, Any], saint: Mapping[str, Any], seeds: Sequence[int], time: str
+    summary: Mapping[str, Any],
+    saint: Mapping[str, Any],
+    seeds: Sequence[int],
+    time: str,
+    methods_run: Sequence[str],
 ) -> str:
     lines = [
         "# Real graphs: our defaults against DGL's recipes",
@@ -182,8 +202,8 @@ def _markdown(
         "(evaluation excluded, one core each, two runs at a time on 2 cores). Goal: the "
         f"defaults reach DGL GraphConv's mean test accuracy minus {GOAL_POINTS:g} point.",
         "",
-        "| graph | " + " | ".join(METHODS) + " | defaults − GraphConv | goal |",
-        "|---|" + "---|" * (len(METHODS) + 2),
+        "| graph | " + " | ".join(methods_run) + " | defaults − GraphConv | goal |",
+        "|---|" + "---|" * (len(methods_run) + 2),
     ]
     for graph, methods in summary.items():
         cells = [
@@ -192,7 +212,7 @@ def _markdown(
             + ("" if methods[m]["seeds"] == len(seeds) else f", {methods[m]['seeds']} seeds")
             if m in methods
             else "-"
-            for m in METHODS
+            for m in methods_run
         ]
         if {"ours, defaults", "DGL GraphConv"} <= set(methods):
             gap = 100 * (
@@ -206,19 +226,25 @@ def _markdown(
         "",
         "Validation accuracy (mean, %):",
         "",
-        "| graph | " + " | ".join(METHODS) + " |",
-        "|---|" + "---|" * len(METHODS),
+        "| graph | " + " | ".join(methods_run) + " |",
+        "|---|" + "---|" * len(methods_run),
     ]
     for graph, methods in summary.items():
         lines.append(
             f"| {graph} | "
             + " | ".join(
-                f"{100 * methods[m]['val']['mean']:.1f}" if m in methods else "-" for m in METHODS
+                f"{100 * methods[m]['val']['mean']:.1f}" if m in methods else "-"
+                for m in methods_run
             )
             + " |"
         )
-    lines += ["", "GraphSAINT-node's settings (best mean validation of its sweep, seeds 0-2):", ""]
-    lines += [f"- {graph}: `{settings}`" for graph, settings in saint.items()]
+    if saint:
+        lines += [
+            "",
+            "GraphSAINT-node's settings (best mean validation of its sweep, seeds 0-2):",
+            "",
+        ]
+        lines += [f"- {graph}: `{settings}`" for graph, settings in saint.items()]
     lines += ["", time]
     return "\n".join(lines) + "\n"
 
@@ -227,12 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--graphs", nargs="+", default=list(real_graphs.GRAPHS))
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument(
+        "--methods", nargs="+", default=list(METHODS), choices=METHODS + LAYER_METHODS
+    )
+    parser.add_argument("--name", default="bench_real", help="results file name (no suffix)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--resume", action="store_true", help="keep the runs already logged")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    log = RESULTS / "bench_real.jsonl.tmp"
+    log = RESULTS / f"{args.name}.jsonl.tmp"
     runs = _read_log(log) if args.resume else {}
     pool = ProcessPoolExecutor(
         args.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init
@@ -307,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = {
         key: result
         for key, result in runs.items()
-        if key[0] in args.graphs and key[1] in METHODS and key[2] in args.seeds
+        if key[0] in args.graphs and key[1] in args.methods and key[2] in args.seeds
     }
     summary = _summarise(chosen)
     minutes = (time.perf_counter() - start) / 60
@@ -318,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         + (", resuming a log of earlier runs." if args.resume else ".")
     )
     write_results(
-        "bench_real",
+        args.name,
         {
             "seeds": args.seeds,
             "summary": summary,
@@ -329,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             "runs": len(runs),
         },
     )
-    text = _markdown(summary, saint, args.seeds, took)
-    (RESULTS / "bench_real.md").write_text(text)
+    text = _markdown(summary, saint, args.seeds, took, args.methods)
+    (RESULTS / f"{args.name}.md").write_text(text)
     print(text)
     return 0
 

@@ -263,21 +263,20 @@ def _compute_seconds(me: _Rank, hardware: Hardware, forward_only: bool) -> dict[
     states = layer_layouts(cfg.layers, work.kind)
     widths = layer_widths(cfg, work.in_features, work.num_classes)
     seconds: dict[str, float] = defaultdict(float)
-    # Every matrix parameter is one GEMM over the rows of its map's input (each layer's
+    # Every matrix parameter is one GEMM over the rows of its map's input (a layer's
     # products read the aggregated rows, split like the layer input's replicated axis):
     # forward, then dX (not for the features) and dW.
-    for name, shard in parameter_shards(cfg, work.in_features, work.num_classes).items():
-        if len(shard.global_shape) != 2:
-            continue
-        if name == "input_proj":
-            rows, products = me.rows(INPUT_LAYOUT.rows), 2
-        elif name == "head":
-            rows, products = me.rows(states[-1].rows), 3
-        else:
-            rows, products = me.rows(states[int(name[5 : name.index("_")])].rep), 3
-        local = me.cols(shard.global_shape[0], shard.axes[0]) * me.cols(
-            shard.global_shape[1], shard.axes[1]
-        )
+    shards = parameter_shards(cfg, work.in_features, work.num_classes)
+    conv = conv_layer(cfg)
+    gemms = [(me.rows(INPUT_LAYOUT.rows), shards["input_proj"], 2)] if cfg.input_projection else []
+    for state, width in zip(states, widths):
+        matrices = conv.parameter_shards(state, width, cfg).values()
+        gemms += [(me.rows(state.rep), m, 3) for m in matrices if len(m.global_shape) == 2]
+    if cfg.head:
+        gemms.append((me.rows(states[-1].rows), shards["head"], 3))
+    for rows, shard, products in gemms:
+        (width_in, width_out), (axis_in, axis_out) = shard.global_shape, shard.axes
+        local = me.cols(width_in, axis_in) * me.cols(width_out, axis_out)
         flops = 2 * rows * local
         seconds["gemm"] += (1 if forward_only else products) * flops / hardware.gemm_flops
     for state, layer in zip(states, widths):

@@ -182,6 +182,8 @@ COUNT_VARIANTS = {
         "input_projection": False,
         "head": False,
     },
+    "sage": {"conv": "sage", "hidden": 14, "layers": 2},
+    "gin": {"conv": "gin", "hidden": 14, "layers": 3, "residual_from": "aggregated"},
 }
 
 

@@ -2,10 +2,11 @@
 on one process what the distributed evaluation computed.
 
 Oracle: the distributed full-graph evaluation itself (8 ranks), its logits shards
-assembled and mapped back from the prepared vertex order to the graph's. Two models:
+assembled and mapped back from the prepared vertex order to the graph's. Four models:
 the paper's (projection, RMSNorm, residuals, head, biases) on row-scaled features (a
-``dgl`` file's default), and DGL's GCN stack on standardised features (their columns'
-statistics over the training graph are recorded by the export).
+``dgl`` file's default), DGL's GCN stack on standardised features (their columns'
+statistics over the training graph are recorded by the export), and the paper's model
+with SAGE and with GIN layers.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ MODELS = {
         },
         "standardize",
     ),
+    # the other layer types: SAGE's mean over the whole graph on one process, GIN's
+    # learnt epsilon (a replicated scalar) gathered from the shards
+    "sage-row": ({"conv": "sage", "hidden": 13, "layers": 2, "dropout": 0.3}, "auto"),
+    "gin-row": ({"conv": "gin", "gin_learn_eps": True, "hidden": 8, "layers": 2}, "auto"),
 }
 
 
@@ -95,7 +100,7 @@ def test_exported_model_predicts_what_the_distributed_evaluation_did(trained, na
     said = capsys.readouterr().out.splitlines()
     assert said[0] == (
         f"exported {checkpoints / 'step_00000004'} (global step 4, grid {GRID}): 11 features "
-        f"-> 5 classes, input scaling {'row' if name == 'paper-row' else 'standardize'} "
+        f"-> 5 classes, input scaling {'row' if name.endswith('-row') else 'standardize'} "
         f"-> {model_path}"
     )
     logits, accuracy = _distributed(trained, name)

@@ -24,8 +24,8 @@ KIPF = {"input_projection": False, "head": False, "norm": False, "residual": Fal
 @pytest.mark.parametrize(
     ("grid", "bf16", "model"),
     [
-        ("2x1x3x1", False, {"bias": True}),
-        ("1x2x1x2", True, {}),
+        ("2x1x3x1", False, {"bias": True, "conv": "sage"}),
+        ("1x2x1x2", True, {"conv": "gin", "gin_learn_eps": True}),
         ("1x2x2x2", False, KIPF),
     ],
 )

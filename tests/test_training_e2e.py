@@ -203,8 +203,11 @@ def test_a_checkpoint_resumes_into_its_own_model_only(tmp_path, capsys):
 @pytest.mark.parametrize("conv", ["sage", "gin"])
 def test_each_layer_type_trains_evaluates_and_resumes_on_another_grid(tmp_path, conv):
     """``--set model.conv=sage`` (or another type) trains from the CLI on a grid with two TP
-    ranks, evaluates, and its checkpoint resumes on another grid with the same losses."""
+    ranks, evaluates, and its checkpoint resumes on another grid with the same losses
+    (GIN with its learnt epsilon: a replicated scalar in the checkpoint)."""
+    own = {"gin_learn_eps": True} if conv == "gin" else {}
     config = _with_checkpoints(tmp_path, "run")
+    config["model"].update(own)
     first = train_through_cli(
         tmp_path,
         "first",
@@ -222,6 +225,7 @@ def test_each_layer_type_trains_evaluates_and_resumes_on_another_grid(tmp_path, 
     assert accuracy["val_acc"] > 1 / 8  # eight classes: above chance after six steps
     saved = latest_checkpoint(tmp_path / "run" / "checkpoints").parent / "step_00000004"
     moved = _with_checkpoints(tmp_path, "moved")
+    moved["model"].update(own)
     target = tmp_path / "moved" / "checkpoints"
     shutil.copytree(saved, target / saved.name)
     (target / "latest").write_text(saved.name)

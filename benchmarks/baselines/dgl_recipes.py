@@ -13,6 +13,13 @@ GCN (``graphconv``)
 GraphSAGE (``sageconv``)
     ``SAGEConv(D, 16, "gcn")`` and ``SAGEConv(16, C, "gcn")``, ReLU and dropout 0.5
     between them; Adam at 0.01 with weight decay 5e-4; 200 full-batch epochs.
+GraphSAGE-mean (``sageconv-mean``)
+    The same with ``SAGEConv(.., "mean")`` and hidden 64 (the layer of ``model.conv:
+    sage``).
+GIN (``ginconv``)
+    ``GINConv`` with the sum aggregator and a two-layer MLP each (``Linear, ReLU,
+    Linear``; hidden 64), ReLU and dropout 0.5 between the two layers, as
+    ``model.conv: gin``; Adam at 0.01 with weight decay 5e-4; 200 full-batch epochs.
 
 Both read the features scaled as DGL's Planetoid classes scale them (rows summing to 1)
 unless the settings say otherwise (``feature_norm``). Each epoch is one step on the
@@ -39,8 +46,11 @@ __all__ = [
     "FullBatchBaseline",
     "GraphConvBaseline",
     "SAGEConvBaseline",
+    "GINConvBaseline",
     "GRAPHCONV",
     "SAGECONV",
+    "SAGECONV_MEAN",
+    "GINCONV",
 ]
 
 GCN_DEFAULTS: dict[str, Any] = {
@@ -51,6 +61,7 @@ GCN_DEFAULTS: dict[str, Any] = {
     "feature_norm": "row",
 }
 SAGE_DEFAULTS: dict[str, Any] = {**GCN_DEFAULTS, "hidden": 16, "aggregator": "gcn"}
+SAGE_MEAN_DEFAULTS: dict[str, Any] = {**GCN_DEFAULTS, "aggregator": "mean"}
 
 
 class _TwoLayers(nn.Module):
@@ -76,6 +87,16 @@ def _sage(dim_in: int, classes: int, settings: Mapping[str, Any]) -> nn.Module:
     hidden, aggregator = settings["hidden"], settings["aggregator"]
     first = dgl.nn.SAGEConv(dim_in, hidden, aggregator)
     return _TwoLayers(first, dgl.nn.SAGEConv(hidden, classes, aggregator), settings["dropout"])
+
+
+def _gin(dim_in: int, classes: int, settings: Mapping[str, Any]) -> nn.Module:
+    hidden = settings["hidden"]
+
+    def mlp(width_in: int, width_out: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, width_out))
+
+    first = dgl.nn.GINConv(mlp(dim_in, hidden), "sum")
+    return _TwoLayers(first, dgl.nn.GINConv(mlp(hidden, classes), "sum"), settings["dropout"])
 
 
 class FullBatchBaseline(training.MiniBatchBaseline):
@@ -126,7 +147,17 @@ class SAGEConvBaseline(FullBatchBaseline):
     build = staticmethod(_sage)
 
 
+class GINConvBaseline(FullBatchBaseline):
+    """DGL's ``GINConv`` trained full batch, as the recipes above."""
+
+    build = staticmethod(_gin)
+
+
 #: DGL's GraphConv GCN recipe (``GRAPHCONV.train``, ``GRAPHCONV.sweep``).
 GRAPHCONV = training.Method("dgl-graphconv", GraphConvBaseline, GCN_DEFAULTS)
 #: DGL's full-batch GraphSAGE recipe.
 SAGECONV = training.Method("dgl-sageconv", SAGEConvBaseline, SAGE_DEFAULTS)
+#: The same with the mean aggregator (``model.conv: sage``'s layer).
+SAGECONV_MEAN = training.Method("dgl-sageconv-mean", SAGEConvBaseline, SAGE_MEAN_DEFAULTS)
+#: DGL's GINConv, full batch.
+GINCONV = training.Method("dgl-ginconv", GINConvBaseline, GCN_DEFAULTS)

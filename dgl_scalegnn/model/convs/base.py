@@ -19,6 +19,7 @@ aggregation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -48,21 +49,15 @@ from dgl_scalegnn.parallel.spmm import LocalSpMM
 __all__ = ["GraphLayer", "Product", "aggregate_reference"]
 
 
+@dataclass(frozen=True)
 class Product:
     """A layer's product before its tail: the output ``hidden`` and its spec, and the
     aggregated input and its spec (what ``residual_from: aggregated`` adds)."""
 
-    __slots__ = ("aggregated", "aggregated_spec", "hidden", "spec")
-
-    def __init__(
-        self,
-        hidden: torch.Tensor,
-        spec: ShardSpec,
-        aggregated: torch.Tensor,
-        aggregated_spec: ShardSpec,
-    ) -> None:
-        self.hidden, self.spec = hidden, spec
-        self.aggregated, self.aggregated_spec = aggregated, aggregated_spec
+    hidden: torch.Tensor
+    spec: ShardSpec
+    aggregated: torch.Tensor
+    aggregated_spec: ShardSpec
 
 
 def aggregate_reference(graph: dgl.DGLGraph, features: torch.Tensor, weight: str) -> torch.Tensor:

@@ -119,7 +119,8 @@ class SAGELayer(GraphLayer):
     ) -> list[CollectiveCost]:
         aggregated = layout.after_spmm()
         costs = spmm_cost(layout, widths.width_in, sizes, needs_dx)
-        costs += spmm_cost(layout, 1, sizes, needs_grad=False)  # the neighbour count
+        # the neighbour count: one column on every rank (not split), forward only
+        costs.append(CollectiveCost(layout.rows, sizes.rows(layout.rep), low_precision=True))
         costs += linear_cost(aggregated, 2 * widths.width_in, widths.width_out, needs_dx, sizes)
         return costs + redistribute_cost(layout, aggregated, widths.width_in, sizes, needs_dx)
 
