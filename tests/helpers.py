@@ -19,6 +19,7 @@ import yaml
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.graph import NodeDataset
+from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.ranks import spawn_ranks
 
@@ -179,3 +180,16 @@ def stand_in_slurm(
 def step_losses(events: list[dict]) -> list[float]:
     """The losses of the ``step`` events, in order."""
     return [e["loss"] for e in events if e["event"] == "step"]
+
+
+def first_step_gradients(trainer) -> tuple:
+    """The trainer's step 0 in training mode, forward and backward, its gradients averaged
+    over the data-parallel group (no optimizer step): ``(batch, logits, spec, loss)``."""
+    model = trainer.model
+    batch = trainer.sample(0)
+    model.train()
+    logits, logits_spec = model(batch)
+    loss = trainer.objective.loss(logits, logits_spec, batch, "train")
+    loss.backward()
+    average_gradients(list(model.parameters()), loss, trainer.runtime)
+    return batch, logits, logits_spec, loss

@@ -15,11 +15,10 @@ import torch
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.model.full_graph import full_graph_forward
-from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import random_dataset
+from tests.helpers import first_step_gradients, random_dataset
 
 
 def _record(grid, spec, tensor: torch.Tensor) -> dict:
@@ -49,12 +48,7 @@ def main(spec_path: str) -> None:
             )
             trainer = Trainer(cfg, prepared, runtime, MetricsWriter(None, enabled=False))
             model = trainer.model
-            batch = trainer.sample(0)
-            model.train()
-            logits, logits_spec = model(batch)
-            loss = trainer.objective.loss(logits, logits_spec, batch, "train")
-            loss.backward()
-            average_gradients(list(model.parameters()), loss, runtime)
+            _, logits, logits_spec, loss = first_step_gradients(trainer)
             record = {
                 "coords": [grid.coords.d, grid.coords.x, grid.coords.y, grid.coords.z],
                 "logits": _record(grid, logits_spec, logits),

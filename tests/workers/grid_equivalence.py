@@ -14,11 +14,10 @@ import torch
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import random_dataset
+from tests.helpers import first_step_gradients, random_dataset
 
 
 def main(spec_path: str) -> None:
@@ -41,12 +40,7 @@ def main(spec_path: str) -> None:
             layer_cfg = config_from_mapping({**base, "model": {**spec["model"], "layers": layers}})
             trainer = Trainer(layer_cfg, prepared, runtime, MetricsWriter(None, enabled=False))
             model = trainer.model
-            batch = trainer.sample(0)
-            model.train()
-            logits, logits_spec = model(batch)
-            loss = trainer.objective.loss(logits, logits_spec, batch, "train")
-            loss.backward()
-            average_gradients(list(model.parameters()), loss, runtime)
+            batch, logits, logits_spec, loss = first_step_gradients(trainer)
             row_start, row_stop = logits_spec.row_range(grid.coords)
             col_start, col_stop = logits_spec.col_range(grid.shape, grid.coords)
             record = {
