@@ -7,7 +7,7 @@ NP ?= 4
 GRID ?= 1x1x2x2
 CONFIG ?= yaml/synthetic.yaml
 
-.PHONY: install test test-gpu gpu-check run lint bench bench-scale bench-real bench-real-layers clean
+.PHONY: install test test-gpu gpu-check run lint bench bench-scale bench-growth bench-real bench-real-layers clean
 
 # torch first, pinned. On Linux PyPI's torch==2.13.0 is the CUDA 13 build (GBs, driver
 # >= 580: docs/gpu.md); pip takes a CPU build (2.13.0+cpu) where its find-links or index
@@ -63,6 +63,14 @@ bench:
 # sweeps (also part of `make bench` then). SCALEGNN_BENCH_SCALE_NODES shrinks both graphs.
 bench-scale:
 	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_scale
+
+# How a step, an evaluation, memory per rank and preparation grow with the graph: the
+# sparse preset at 1M, 3M and 10M vertices and the products-like one at 1M, ours (1 and 8
+# processes) beside GraphSAINT-node, GraphSAGE, DGL's full-graph forward and DistDGL
+# (about 60 minutes on 2 cores; benchmarks/results/bench_growth.md, .png, .json).
+# SCALEGNN_BENCH_GROWTH_SIZES, _BUDGET, _WORK and _METHODS: benchmarks/bench_growth.py.
+bench-growth:
+	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_growth
 
 # Every real graph of benchmarks/data/real: our defaults and the paper's model against DGL's
 # GraphConv and SAGEConv recipes and GraphSAINT-node, 10 seeds (benchmarks/results/bench_real.md).

@@ -16,8 +16,8 @@ training time (evaluation excluded) of:
     DGL's standard full-batch recipes (:mod:`benchmarks.baselines.dgl_recipes`).
 ``GraphSAINT-node``
     :mod:`benchmarks.baselines.graphsaint` on rows scaled to sum 1, its budget and its
-    normalisation (on or off) swept on every graph (seeds 0-2, best mean validation)
-    before the 10 seeds.
+    ``normalization`` (``"estimator"`` or ``"global"``) swept on every graph (seeds 0-2,
+    best mean validation) before the 10 seeds.
 ``ours SAGE, defaults``, ``ours GIN, defaults``
     The defaults with ``model.conv: sage`` / ``gin`` (not in the default run:
     ``make bench-real-layers`` runs them on Planetoid's Cora and Citeseer, beside
@@ -72,19 +72,19 @@ GOAL_POINTS = 1.0
 
 def saint_grid(num_nodes: int) -> list[dict[str, Any]]:
     """GraphSAINT-node's settings to sweep on a graph of ``num_nodes`` vertices: budgets
-    of a third and two thirds of the vertices, with and without its normalisation;
-    hidden 64, dropout 0.2, lr 0.01, weight decay 5e-4 (its best on Cora)."""
+    of a third and two thirds of the vertices, ``normalization`` ``"estimator"`` and
+    ``"global"``; hidden 64, dropout 0.2, lr 0.01, weight decay 5e-4 (its best on Cora)."""
     return [
         {
             "budget": max(1, round(num_nodes * share)),
-            "normalize": normalize,
+            "normalization": normalization,
             "hidden": 64,
             "dropout": 0.2,
             "lr": 0.01,
             "weight_decay": 5e-4,
         }
         for share in (1 / 3, 2 / 3)
-        for normalize in (True, False)
+        for normalization in ("estimator", "global")
     ]
 
 

@@ -119,7 +119,10 @@ _QUICK_FRACTIONS = (40, 100)
 
 
 class BenchScaleError(RuntimeError):
-    """A run of the scale benchmark failed; the message names the command and its log."""
+    """A run of the scale benchmark failed; the message names the command and its log
+    (``metrics``: the metrics file of a dgl_scalegnn run, where it had one)."""
+
+    metrics: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -353,9 +356,12 @@ def run_ours(
     max_steps: int,
     eval_at_steps: Sequence[int],
     log_dir: Path,
+    grid: str | None = None,
 ) -> dict[str, Any]:
-    """``scalegnn train`` on ``processes`` ranks; the common result format plus the
-    engine's own figures (``step_s``, ``seconds`` breakdown, ``max_rss_mb``)."""
+    """``scalegnn train`` on ``processes`` ranks (on ``grid``; by default 1x2x2x2 for 8,
+    1x1x1x1 for 1); the common result format plus the engine's own figures (``step_s``,
+    ``seconds`` breakdown, ``max_rss_mb``, per-evaluation ``eval_s``)."""
+    grid = grid or (GRID_8 if processes > 1 else "1x1x1x1")
     tag = f"ours-{graph.name}-p{processes}-s{seed}-{len(list(log_dir.glob('ours-*.jsonl')))}"
     metrics = log_dir / f"{tag}.jsonl"
     settings = {
@@ -374,11 +380,15 @@ def run_ours(
     argv += ["--metrics", str(metrics)]
     for key, value in settings.items():
         argv += ["--set", f"{key}={value}"]
-    argv += ["--grid", GRID_8 if processes > 1 else "1x1x1x1"]
+    argv += ["--grid", grid]
     if processes > 1:
         argv = [*_mpirun(processes), *argv]
     threads = max(1, training.machine_cores() // processes)
-    wall = _run(argv, log_dir / f"{tag}.log", threads, 20 * p.budget_s + 1800)
+    try:
+        wall = _run(argv, log_dir / f"{tag}.log", threads, 20 * p.budget_s + 1800)
+    except BenchScaleError as error:
+        error.metrics = metrics  # what the run wrote before it failed
+        raise
     events = read_metrics(metrics)
     steps = [e for e in events if e["event"] == "step"]
     history = [
@@ -409,6 +419,10 @@ def run_ours(
         "steady_step_s": sum(e["step_s"] for e in steps[1:]) / max(1, len(steps) - 1),
         "seconds_per_step_breakdown": breakdown,
         "max_rss_mb": summary["max_rss_mb"],
+        # peak of each rank before the first evaluation: training's alone
+        "train_max_rss_mb": next(
+            (e["max_rss_mb_before"] for e in events if e["event"] == "eval"), None
+        ),
         "wall_s": wall,
     }
 

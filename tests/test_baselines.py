@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from benchmarks import bench_scale, ours
 from benchmarks.baselines import distdgl, graphsage, graphsaint, run_peers, training
@@ -41,12 +42,20 @@ def small() -> NodeDataset:
     return generate(SMALL)
 
 
+#: Six vertices, a path plus a chord.
+_TINY_PAIRS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (0, 3)]
+
+
+def _tiny_edges() -> dgl.DGLGraph:
+    """:data:`_TINY_PAIRS` in both directions, no self loops."""
+    src = [u for u, v in _TINY_PAIRS] + [v for u, v in _TINY_PAIRS]
+    dst = [v for u, v in _TINY_PAIRS] + [u for u, v in _TINY_PAIRS]
+    return dgl.graph((torch.tensor(src), torch.tensor(dst)))
+
+
 def _tiny_graph() -> dgl.DGLGraph:
-    """Six vertices, a path plus a chord, both directions; vertices 0-2 train."""
-    pairs = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (0, 3)]
-    src = [u for u, v in pairs] + [v for u, v in pairs]
-    dst = [v for u, v in pairs] + [u for u, v in pairs]
-    graph = graphsaint.gcn_graph(dgl.graph((torch.tensor(src), torch.tensor(dst))))
+    """:func:`_tiny_edges` with GCN weights and self loops; vertices 0-2 train."""
+    graph = graphsaint.gcn_graph(_tiny_edges())
     graph.ndata["train_mask"] = torch.tensor([True, True, True, False, False, False])
     return graph
 
@@ -128,6 +137,77 @@ def test_gcn_graph_weights_are_symmetric_normalisation() -> None:
     expected = 1 / torch.sqrt(degree[src] * degree[dst])
     torch.testing.assert_close(graph.edata["w"].double(), expected)
     assert int((src == dst).sum()) == graph.num_nodes()
+
+
+def _tiny_dataset() -> NodeDataset:
+    """:func:`_tiny_edges` with features, labels and masks; vertices 0-2 train."""
+    graph = _tiny_edges()
+    graph.ndata["feat"] = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    graph.ndata["label"] = torch.tensor([0, 1, 0, 1, 0, 1])
+    graph.ndata["train_mask"] = torch.tensor([True, True, True, False, False, False])
+    graph.ndata["val_mask"] = torch.tensor([False, False, False, True, True, False])
+    graph.ndata["test_mask"] = torch.tensor([False, False, False, False, False, True])
+    return NodeDataset("tiny", graph, 2)
+
+
+def _tiny_baseline(normalization: str, **kwargs) -> graphsaint.GraphSAINTBaseline:
+    overrides = {"budget": 3, "hidden": 8, "dropout": 0.0, "normalization": normalization}
+    settings = training.merge_settings(graphsaint.DEFAULTS, overrides, graphsaint.METHOD)
+    return graphsaint.GraphSAINTBaseline(_tiny_dataset(), settings, **kwargs)
+
+
+def test_saint_subgraph_normalization_is_the_subgraphs_own_gcn() -> None:
+    """Weights D_s^{-1/2} (A_s + I) D_s^{-1/2} of a dense A_s cut from the edge list, and
+    the loss the mean cross-entropy over the subgraph's training vertices."""
+    torch.manual_seed(0)
+    baseline = _tiny_baseline("subgraph")
+    adjacency = torch.zeros(6, 6, dtype=torch.float64)
+    for u, v in _TINY_PAIRS:
+        adjacency[u, v] = adjacency[v, u] = 1.0
+    for _ in range(5):
+        batch = next(baseline.batches())
+        ids = batch.ndata[dgl.NID].long()
+        looped = adjacency[ids][:, ids] + torch.eye(len(ids), dtype=torch.float64)
+        inv_sqrt = looped.sum(1).rsqrt()
+        dense = inv_sqrt[:, None] * looped * inv_sqrt[None, :]
+        src, dst = batch.edges()
+        assert int((src == dst).sum()) == batch.num_nodes()  # gcn_graph's loops came along
+        assert batch.num_edges() == int((looped > 0).sum())  # and every other edge of A_s
+        weight = baseline.edge_weight(batch)
+        torch.testing.assert_close(weight.double(), dense[dst.long(), src.long()])
+        # A proper subgraph of a connected graph: some kept vertex lost a neighbour.
+        assert batch.num_nodes() < 6 and not torch.allclose(weight, batch.edata["w"])
+        labelled = batch.ndata["train_mask"]
+        if bool(labelled.any()):
+            logits = baseline.model(batch, batch.ndata["feat"], dense[dst, src].float())
+            expected = F.cross_entropy(logits[labelled], batch.ndata["label"][labelled])
+            torch.testing.assert_close(baseline.loss(batch), expected)
+
+
+@pytest.mark.parametrize("normalization", ["global", "subgraph"])
+def test_saint_normalization_without_estimator_does_not_presample(
+    normalization, tmp_path, monkeypatch
+) -> None:
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("estimate_norm ran")
+
+    monkeypatch.setattr(graphsaint, "estimate_norm", no_sampling)
+    cache = tmp_path / "norm.pt"
+    torch.manual_seed(0)
+    baseline = _tiny_baseline(normalization, norm_cache=cache)
+    assert baseline.norm is None and not cache.exists()
+    losses = []
+    for _ in range(10):
+        batch = next(baseline.batches())
+        if normalization == "global":
+            assert torch.equal(baseline.edge_weight(batch), batch.edata["w"])
+        losses.append(baseline.loss(batch))
+    assert any(loss is not None and bool(torch.isfinite(loss)) for loss in losses)
+
+
+def test_saint_unknown_normalization_is_refused() -> None:
+    with pytest.raises(ValueError, match="normalization must be one of 'estimator', 'global'"):
+        _tiny_baseline("none")
 
 
 # --------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ Sampling
     out-degree, and the subgraph induced by the distinct vertices drawn. An epoch is
     :math:`\lceil N / B \rceil` subgraphs (as ScaleGNN's epochs of ``N / batch_size``
     steps).
-Normalisation (Zeng et al., GraphSAINT, ICLR 2020, Sec. 3)
+Normalisation (``normalization``)
+    ``"estimator"`` (the default), GraphSAINT's (Zeng et al., ICLR 2020, Sec. 3).
     Before training, :math:`N_s = \lceil c N / B \rceil` subgraphs are drawn, about
     :math:`c N` vertex draws in all (``norm_coverage`` :math:`c = 50`, the sample
     coverage of the paper's code, which counts sampled vertices against the training
@@ -18,14 +19,24 @@ Normalisation (Zeng et al., GraphSAINT, ICLR 2020, Sec. 3)
     :attr:`SaintNorm.loss_norm` :math:`= 1/\lambda_v = N_s / (C_v |V_L|)` and
     :attr:`SaintNorm.aggr_norm` :math:`= 1/\alpha_{u,v} = C_v / C_{u,v}`; a count of
     zero is taken as one, as in the paper's code.
+
+    ``"global"``: no estimator; a subgraph keeps the full graph's weights
+    :math:`\tilde A_{v,u}` and its loss is the mean cross-entropy over its training
+    vertices :math:`V_s \cap V_L`.
+
+    ``"subgraph"``: no estimator; every subgraph :math:`G_s` is normalised as a graph
+    of its own, :math:`D_s^{-1/2} (A_s + I) D_s^{-1/2}` with :math:`D_s` the degrees
+    within :math:`G_s` (its self loops are those of the full graph, one per vertex,
+    which the induced subgraph keeps), and the loss is the mean over
+    :math:`V_s \cap V_L`. Only ``"estimator"`` pre-samples.
 Model
     ``layers`` DGL ``GraphConv`` layers (``norm="none"``) with edge weights: on the full
     graph the GCN propagation :math:`\tilde A = \tilde D^{-1/2} (A + I) \tilde D^{-1/2}`
-    (self loops replaced by one per vertex), and on a subgraph the same entries times
-    :math:`1/\alpha_{u,v}`, which makes the subgraph aggregation an unbiased estimate of
-    the full one. The loss of a subgraph is
+    (self loops replaced by one per vertex), for every ``normalization``. On a subgraph,
+    with ``"estimator"``, the same entries times :math:`1/\alpha_{u,v}`, which makes the
+    subgraph aggregation an unbiased estimate of the full one, and the loss
     :math:`\sum_{v \in V_s \cap V_L} \mathrm{CE}_v / \lambda_v`, an unbiased estimate of
-    the mean training loss.
+    the mean training loss; the other modes as above.
 Evaluation
     Full graph, one process: the same layers on :math:`\tilde A`, no dropout.
 
@@ -55,7 +66,9 @@ __all__ = [
     "SaintNorm",
     "SaintGCN",
     "GraphSAINTBaseline",
+    "NORMALIZATIONS",
     "gcn_graph",
+    "gcn_weights",
     "count_occurrences",
     "norm_from_counts",
     "estimate_norm",
@@ -65,9 +78,11 @@ __all__ = [
 METHOD = "graphsaint-node"
 
 #: Settings (``PEER.train``) and their defaults: ``budget`` draws per subgraph (an epoch
-#: is ``ceil(N / budget)`` subgraphs), ``norm_coverage`` pre-sampling for the normalisation,
-#: ``normalize`` false trains without it (the mean loss over a subgraph's training
-#: vertices, the subgraph's GCN weights as they are).
+#: is ``ceil(N / budget)`` subgraphs), ``normalization`` one of :data:`NORMALIZATIONS`
+#: (``"estimator"``: GraphSAINT's, pre-sampled; ``"global"``: the full graph's GCN
+#: weights; ``"subgraph"``: each subgraph's own GCN weights; the latter two with the mean
+#: loss over a subgraph's training vertices), ``norm_coverage`` the estimator's
+#: pre-sampling.
 DEFAULTS: dict[str, Any] = {
     "hidden": 128,
     "layers": 2,
@@ -76,25 +91,34 @@ DEFAULTS: dict[str, Any] = {
     "weight_decay": 0.0,
     "budget": 4096,
     "norm_coverage": 50,
-    "normalize": True,
+    "normalization": "estimator",
 }
+
+#: The values of the ``normalization`` setting (see the module docstring).
+NORMALIZATIONS = ("estimator", "global", "subgraph")
 
 # Subgraphs whose ids are concatenated before one bincount (bounds the temporaries).
 _COUNT_CHUNK = 64
 
 
+def gcn_weights(graph: dgl.DGLGraph) -> torch.Tensor:
+    r"""``(E,)`` float32 :math:`1 / \sqrt{d_{\mathrm{out}}(u) \, d_{\mathrm{in}}(v)}` of
+    every edge :math:`u \to v`, degrees counted in ``graph`` as it is (self loops
+    included): :math:`D^{-1/2} A D^{-1/2}` for a symmetric ``graph``."""
+    src, dst = graph.edges()
+    out_degree = graph.out_degrees().float()
+    in_degree = graph.in_degrees().float()
+    return torch.rsqrt(out_degree[src] * in_degree[dst])
+
+
 def gcn_graph(graph: dgl.DGLGraph) -> dgl.DGLGraph:
     r"""``graph`` with one self loop per vertex and ``edata["w"]`` of :math:`\tilde A`.
 
-    The weight of edge :math:`u \to v` is
-    :math:`1 / \sqrt{d_{\mathrm{out}}(u) \, d_{\mathrm{in}}(v)}` counted with the self
-    loops (the symmetric normalisation for a symmetric graph). Node data are kept.
+    The weights are :func:`gcn_weights` of the looped graph (the symmetric
+    normalisation for a symmetric graph). Node data are kept.
     """
     looped = dgl.add_self_loop(dgl.remove_self_loop(graph))
-    src, dst = looped.edges()
-    out_degree = looped.out_degrees().float()
-    in_degree = looped.in_degrees().float()
-    looped.edata["w"] = torch.rsqrt(out_degree[src] * in_degree[dst])
+    looped.edata["w"] = gcn_weights(looped)
     return looped
 
 
@@ -259,6 +283,12 @@ class GraphSAINTBaseline(training.MiniBatchBaseline):
         Where the estimated normalisation is kept: read when the file exists, written
         after estimating otherwise (the pre-sampling takes about a minute at 1M vertices
         and average degree 50; runs of one graph at one budget and coverage share it).
+        Unused unless ``normalization`` is ``"estimator"``.
+
+    Raises
+    ------
+    ValueError
+        If ``normalization`` is not one of :data:`NORMALIZATIONS`, or ``budget`` < 1.
     """
 
     def __init__(
@@ -267,25 +297,24 @@ class GraphSAINTBaseline(training.MiniBatchBaseline):
         settings: Mapping[str, Any],
         norm_cache: Path | None = None,
     ) -> None:
-        self.graph = gcn_graph(dataset.graph)
+        self.normalization: str = settings["normalization"]
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"{METHOD}: normalization must be one of "
+                f"{', '.join(map(repr, NORMALIZATIONS))}, got {self.normalization!r}"
+            )
         budget = int(settings["budget"])
         if budget < 1:
             raise ValueError(f"{METHOD}: budget must be positive, got {budget}")
+        self.graph = gcn_graph(dataset.graph)
         num_nodes = self.graph.num_nodes()
-        self.normalize = bool(settings["normalize"])
         self.sampler = dgl.dataloading.SAINTSampler(mode="node", budget=budget)
         self.steps_per_epoch = math.ceil(num_nodes / budget)
-        if norm_cache is not None and norm_cache.exists():
-            self.norm = SaintNorm(**torch.load(norm_cache))
-        else:
+        # Only the estimator needs the pre-sampling, most of the set-up on large graphs.
+        self.norm: SaintNorm | None = None
+        if self.normalization == "estimator":
             norm_samples = math.ceil(settings["norm_coverage"] * num_nodes / budget)
-            self.norm = estimate_norm(
-                self.graph, self.sampler, norm_samples, self.graph.ndata["train_mask"]
-            )
-            if norm_cache is not None:
-                partial = norm_cache.with_suffix(".partial")
-                torch.save(dataclasses.asdict(self.norm), partial)
-                partial.replace(norm_cache)  # never a half-written cache
+            self.norm = self._estimator_norm(norm_samples, norm_cache)
         model = SaintGCN(
             dataset.num_features,
             settings["hidden"],
@@ -301,25 +330,44 @@ class GraphSAINTBaseline(training.MiniBatchBaseline):
             settings,
         )
 
+    def _estimator_norm(self, num_samples: int, norm_cache: Path | None) -> SaintNorm:
+        """:func:`estimate_norm` from ``num_samples`` subgraphs, or ``norm_cache``."""
+        if norm_cache is not None and norm_cache.exists():
+            return SaintNorm(**torch.load(norm_cache))
+        norm = estimate_norm(self.graph, self.sampler, num_samples, self.graph.ndata["train_mask"])
+        if norm_cache is not None:
+            partial = norm_cache.with_suffix(".partial")
+            torch.save(dataclasses.asdict(norm), partial)
+            partial.replace(norm_cache)  # never a half-written cache
+        return norm
+
     def batches(self) -> Iterator[dgl.DGLGraph]:
         for _ in range(self.steps_per_epoch):
             yield self.sampler.sample(self.graph, None)
 
+    def edge_weight(self, batch: dgl.DGLGraph) -> torch.Tensor:
+        r"""``(E_s,)`` propagation weights of subgraph ``batch`` under ``normalization``:
+        :math:`\tilde A_{v,u} / \alpha_{u,v}`, :math:`\tilde A_{v,u}`, or
+        :func:`gcn_weights` of ``batch`` itself (its own degrees, loops included)."""
+        if self.normalization == "subgraph":
+            return gcn_weights(batch)
+        if self.norm is None:
+            return batch.edata["w"]
+        return batch.edata["w"] * self.norm.aggr_norm[batch.edata[dgl.EID]]
+
     def loss(self, batch: dgl.DGLGraph) -> torch.Tensor | None:
-        loss_norm = self.norm.loss_norm[batch.ndata[dgl.NID]]
-        labelled = loss_norm > 0
+        # Where the estimator's 1/lambda_v is positive: the training vertices.
+        labelled = batch.ndata["train_mask"]
         if not bool(labelled.any()):
             return None
-        weight = batch.edata["w"]
-        if self.normalize:
-            weight = weight * self.norm.aggr_norm[batch.edata[dgl.EID]]
-        logits = self.model(batch, batch.ndata["feat"], weight)
+        logits = self.model(batch, batch.ndata["feat"], self.edge_weight(batch))
         per_vertex = F.cross_entropy(
             logits[labelled], batch.ndata["label"][labelled], reduction="none"
         )
-        if not self.normalize:
+        if self.norm is None:
             return per_vertex.mean()
-        return (per_vertex * loss_norm[labelled]).sum()
+        loss_norm = self.norm.loss_norm[batch.ndata[dgl.NID][labelled]]
+        return (per_vertex * loss_norm).sum()
 
     def predict(self, ids: torch.Tensor) -> torch.Tensor:
         logits = self.model(self.graph, self.graph.ndata["feat"], self.graph.edata["w"])

@@ -507,6 +507,8 @@ class Trainer:
 
     def _evaluate_and_record(self) -> bool:
         cfg, progress = self.cfg, self.progress
+        # the peaks before and after tell training's memory from the evaluation's
+        peak_before = self._peak_memory_per_rank()
         start = time.perf_counter()
         return_freed_heap()  # what training kept goes back before the evaluation's peak
         accuracy = self.evaluate()
@@ -529,6 +531,8 @@ class Trainer:
             **accuracy,
             eval_s=eval_seconds,
             elapsed_train_s=progress.train_seconds,
+            max_rss_mb_before=peak_before,
+            max_rss_mb=self._peak_memory_per_rank(),
         )
         return reached
 

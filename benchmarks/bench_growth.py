@@ -1,0 +1,574 @@
+"""``make bench-growth``: how a step, an evaluation, memory and preparation grow with N.
+
+The presets of :mod:`benchmarks.scale_presets` at several sizes (default: the sparse
+graph at 1M, 3M and 10M vertices, the products-like graph at 1M), each generated and
+prepared once, then every method in its own process(es), in one run:
+
+``dgl_scalegnn, 1 process`` / ``, 1x2x2x2`` / ``, <plan grid>``
+    ``scalegnn train`` with the preset's 1M config (``yaml/synthetic-1m.yaml``,
+    ``yaml/products-like-1m.yaml``) at B = N/100, for a training budget that grows with
+    the graph (:data:`BUDGET_PER_MILLION_S` seconds per million vertices), evaluated
+    once at its end; the grid the cost model prefers for 8 CPU ranks
+    (:func:`~dgl_scalegnn.train.plan.rank_grids`) is run too where it is not 1x2x2x2.
+    At every size above the smallest, also :data:`TIMING_STEPS` steps at the fixed
+    B = :data:`FIXED_BATCH` (step time at fixed B).
+``GraphSAINT-node``
+    DGL's ``SAINTSampler`` at budget N/100, each sampled subgraph with its own GCN
+    normalisation (``normalization: subgraph``; at the smallest size of each preset
+    GraphSAINT's estimator is run too, and the better of the two is kept for the larger
+    sizes), full-graph evaluation.
+``GraphSAGE``
+    DGL's ``NeighborSampler`` (batch 1024, fan-outs 10, 10: the choice of
+    ``make bench-scale``'s sweep on both 1M graphs), layer-wise evaluation with all
+    neighbours (what DGL users run).
+``DGL full-graph forward``
+    Evaluation only: two ``SAGEConv`` (mean) calls over the whole graph, one per layer,
+    as a user with enough memory evaluates; its seconds and peak memory.
+``DistDGL, 8 trainers``
+    DGL's distributed GraphSAGE (GraphSAGE's settings, global batch) on 8 random
+    partitions, each trainer and server its own process.
+
+Per run: seconds per step and its breakdown (ours: GEMM, SpMM, element-wise,
+collectives, sampling, from the engine's metrics), evaluation seconds per round, peak
+resident memory per rank and summed, test accuracy at the end of the budget, and per
+size the preparation's seconds and peak memory (``scalegnn prepare``; the peers'
+generation and save; DistDGL's partitioning). A run that fails (memory, time-out) is a
+row with its error. The report (:mod:`benchmarks.growth_report`) fits how each quantity
+grows with N and sets the cost model's prediction beside it.
+
+Environment:
+
+``SCALEGNN_BENCH_GROWTH_SIZES``
+    ``preset=N,N;preset=N`` (default ``sparse=1000000,3000000,10000000;products-like=1000000``).
+``SCALEGNN_BENCH_GROWTH_BUDGET``
+    Training seconds per million vertices (default 6).
+``SCALEGNN_BENCH_GROWTH_WORK``
+    Where graphs and logs go; kept, and finished runs are not run again (resume).
+``SCALEGNN_BENCH_GROWTH_METHODS``
+    Comma-separated subset of :data:`METHODS` (default: all).
+
+Outputs: ``benchmarks/results/bench_growth.json``, ``bench_growth.png`` and
+``bench_growth.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch starts its threads
+
+from benchmarks import bench_scale, growth_report, scale_presets
+from benchmarks.baselines import distdgl, training
+from benchmarks.common import write_results
+
+__all__ = ["GrowthSize", "growth_sizes", "METHODS", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Training seconds per million vertices: a budget that grows with the graph.
+BUDGET_PER_MILLION_S = 6.0
+#: B = N / BATCH_FRACTION for the runs at fixed B/N.
+BATCH_FRACTION = 100
+#: The fixed batch of the step-time runs at fixed B, and their steps.
+FIXED_BATCH = 10_000
+TIMING_STEPS = 8
+#: Resident MB of a process that has imported torch and DGL, before any data (measured
+#: here); the cost model counts data and activations only, so predictions add it.
+IMPORT_MB = 384.0
+GRAPHSAGE = {"batch_size": 1024, "fanouts": [10, 10], "lr": 0.01, "dropout": 0.5}
+DEFAULT_SIZES = "sparse=1000000,3000000,10000000;products-like=1000000"
+METHODS = (
+    "dgl_scalegnn, 1 process",
+    "dgl_scalegnn, 1x2x2x2",
+    "dgl_scalegnn, plan grid",
+    "GraphSAINT-node",
+    "GraphSAGE",
+    "DGL full-graph forward",
+    "DistDGL, 8 trainers",
+)
+
+
+@dataclass(frozen=True)
+class GrowthSize:
+    """One preset at one size."""
+
+    preset: str
+    num_nodes: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.preset}-{self.num_nodes}"
+
+    @property
+    def batch_size(self) -> int:
+        return max(1, self.num_nodes // BATCH_FRACTION)
+
+
+def growth_sizes(spec: str | None = None) -> list[GrowthSize]:
+    """The sizes of ``spec`` (``preset=N,N;preset=N``), smallest first per preset.
+
+    >>> [s.name for s in growth_sizes("sparse=3000000,1000000")]
+    ['sparse-1000000', 'sparse-3000000']
+    """
+    spec = spec or os.environ.get("SCALEGNN_BENCH_GROWTH_SIZES", DEFAULT_SIZES)
+    sizes = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        preset, _, counts = part.partition("=")
+        scale_presets.preset(preset.strip())  # refuses an unknown name
+        for n in sorted(int(float(c)) for c in counts.split(",") if c.strip()):
+            sizes.append(GrowthSize(preset.strip(), n))
+    if not sizes:
+        raise ValueError(f"SCALEGNN_BENCH_GROWTH_SIZES: no sizes in {spec!r}")
+    return sizes
+
+
+# ---------------------------------------------------------------- preparation
+
+
+def _measured(argv_module: list[str], log: Path, threads: int, timeout_s: float) -> dict:
+    """Run ``python -m MODULE ARGS`` under :mod:`benchmarks.peak_memory`: seconds, peak MB."""
+    peak = log.with_suffix(".peak.json")
+    argv = [sys.executable, "-m", "benchmarks.peak_memory", str(peak), *argv_module]
+    seconds = bench_scale._run(argv, log, threads, timeout_s)
+    return {"seconds": seconds, "peak_rss_mb": json.loads(peak.read_text())["peak_rss_mb"]}
+
+
+def setup_graph(size: GrowthSize, work: Path) -> tuple[bench_scale.Graph, dict[str, Any]]:
+    """Prepare ``size`` for every method once (kept in ``work``): ``scalegnn prepare``
+    (streaming, bounded memory), the peers' DGL graph, DistDGL's 8 random partitions.
+    Returns the graph and the seconds and peak memory of each step."""
+    base = work / size.name
+    base.mkdir(parents=True, exist_ok=True)
+    done = base / "setup.json"
+    config_file = scale_presets.CONFIG_FILES[size.preset]
+    if not done.exists():
+        cfg = scale_presets.preset(size.preset, size.num_nodes)
+        setup: dict[str, Any] = {}
+        argv = ["dgl_scalegnn.cli", "prepare", "--config", config_file]
+        for key, value in dataclasses.asdict(cfg).items():  # exactly the peers' graph
+            argv += ["--set", f"data.synthetic.{key}={str(value).lower()}"]
+        argv += ["--out", str(base / "prepared")]
+        setup["prepare"] = _measured(argv, base / "prepare.log", 2, 7200)
+        spec = base / "peers.json"
+        spec.write_text(json.dumps({"preset": size.preset, "num_nodes": size.num_nodes}))
+        for step in ("generate", "partition"):
+            module = ["benchmarks.bench_growth", step, str(spec)]
+            setup[step] = _measured(module, base / f"{step}.log", 2, 7200)
+        done.write_text(json.dumps(setup))
+    setup = json.loads(done.read_text())
+    num_classes = scale_presets.preset(size.preset).num_classes
+    graph = bench_scale.Graph(
+        name=size.preset,
+        config_file=config_file,
+        prepared=base / "prepared",
+        dgl_file=base / "graph.bin",
+        part_config=base / "parts8" / f"{distdgl.GRAPH_NAME}.json",
+        num_classes=num_classes,
+        num_nodes=size.num_nodes,
+        setup_s={step: figures["seconds"] for step, figures in setup.items()},
+    )
+    return graph, setup
+
+
+def generate_main(spec_path: str) -> int:
+    """Inside a child: generate the preset and save it for the peers (``graph.bin``)."""
+    from dgl_scalegnn._dgl import dgl
+    from dgl_scalegnn.data.synthetic import generate
+
+    spec = json.loads(Path(spec_path).read_text())
+    dataset = generate(scale_presets.preset(spec["preset"], int(spec["num_nodes"])))
+    dgl.save_graphs(str(Path(spec_path).parent / "graph.bin"), [dataset.graph])
+    return 0
+
+
+def partition_main(spec_path: str) -> int:
+    """Inside a child: DistDGL's 8 random partitions of the saved graph (``parts8``)."""
+    base = Path(spec_path).parent
+    dataset = _load_saved(base / "graph.bin", json.loads(Path(spec_path).read_text())["preset"])
+    distdgl.partition(dataset, base / "parts8", 8, "random")
+    return 0
+
+
+def _load_saved(path: Path, preset: str):
+    from dgl_scalegnn._dgl import dgl
+    from dgl_scalegnn.data.graph import NodeDataset
+
+    graphs, _ = dgl.load_graphs(str(path))
+    graph = graphs[0]
+    for split in ("train", "val", "test"):  # saved as uint8
+        graph.ndata[f"{split}_mask"] = graph.ndata[f"{split}_mask"].bool()
+    return NodeDataset(preset, graph, scale_presets.preset(preset).num_classes)
+
+
+def forward_main(spec_path: str) -> int:
+    """Inside a child: DGL's plain full-graph forward, two ``SAGEConv`` calls over the
+    whole graph (hidden 128), timed twice; the result beside the spec."""
+    import torch
+
+    from dgl_scalegnn._dgl import dgl
+    from dgl_scalegnn.train.trainer import peak_rss_mb
+
+    spec = json.loads(Path(spec_path).read_text())
+    dataset = _load_saved(Path(spec["graph"]), spec["preset"])
+    graph, features = dataset.graph, dataset.graph.ndata["feat"]
+    loaded_mb = peak_rss_mb()
+    layers = [
+        dgl.nn.SAGEConv(dataset.num_features, 128, "mean"),
+        dgl.nn.SAGEConv(128, dataset.num_classes, "mean"),
+    ]
+    rounds = []
+    with torch.no_grad():
+        for _ in range(2):
+            start = time.perf_counter()
+            hidden = torch.relu(layers[0](graph, features))
+            logits = layers[1](graph, hidden)
+            del hidden, logits
+            rounds.append(time.perf_counter() - start)
+    result = {"eval_s_rounds": rounds, "loaded_mb": loaded_mb, "max_rss_mb": [peak_rss_mb()]}
+    Path(spec["result_path"]).write_text(json.dumps(result))
+    return 0
+
+
+# ---------------------------------------------------------------- methods
+
+
+def _plan(size: GrowthSize, budget_s: float) -> bench_scale.Plan:
+    """The scale benchmark's plan for one run at ``size`` (its timeouts and schedule)."""
+    return bench_scale.Plan(
+        num_nodes=size.num_nodes,
+        budget_s=budget_s,
+        sweep_budget_s=budget_s / 4,
+        sweep_steps=TIMING_STEPS,
+        eval_rounds=1,
+        evals_per_doubling=1,
+        seeds=(0,),
+        graphs=(size.preset,),
+        quick=True,
+    )
+
+
+def plan_grid(graph: bench_scale.Graph, batch_size: int) -> str:
+    """The grid the cost model ranks first for 8 CPU ranks on ``graph``."""
+    from dgl_scalegnn.config import load_config
+    from dgl_scalegnn.train.plan import machine, rank_grids, workload
+
+    cfg = load_config(
+        ROOT / graph.config_file,
+        [f"data.prepared={graph.prepared}", f"sampling.batch_size={batch_size}"],
+    )
+    spec = machine("cpu", 8)
+    work, _, _ = workload(cfg, spec)
+    return str(rank_grids(work, 8, spec, tf32=False)[0].grid)
+
+
+def predict(graph: bench_scale.Graph, grid: str, batch_size: int) -> dict[str, float]:
+    """The cost model's step seconds, evaluation seconds and bytes of rank 0 for a run of
+    ``graph`` on ``grid`` at ``batch_size`` (CPU ranks like this machine's)."""
+    from dgl_scalegnn.config import load_config
+    from dgl_scalegnn.core.grid_shape import GridShape
+    from dgl_scalegnn.perfmodel import eval_time, memory_bytes, step_time
+    from dgl_scalegnn.sampling.full_graph import default_chunk_rows
+    from dgl_scalegnn.train.plan import machine, workload
+
+    shape = GridShape.parse(grid)
+    spec = machine("cpu", shape.world_size)
+    cfg = load_config(
+        ROOT / graph.config_file,
+        [f"data.prepared={graph.prepared}", f"sampling.batch_size={batch_size}"],
+    )
+    work, _, _ = workload(cfg, spec)
+    hardware = spec.hardware(shape, tf32=False)
+    rank_mb = IMPORT_MB + sum(memory_bytes(work, shape).values()) / 1e6
+    return {
+        "step_s": sum(step_time(work, shape, hardware).values()),
+        "eval_s": sum(eval_time(work, shape, hardware, default_chunk_rows(shape.tp_size)).values()),
+        "peak_rank_mb": rank_mb,
+        "summed_mb": rank_mb * shape.world_size,
+    }
+
+
+def _ours_row(result: Mapping[str, Any], grid: str, batch: int) -> dict[str, Any]:
+    last = result["history"][-1]
+    return {
+        "grid": grid,
+        "processes": len(result["max_rss_mb"]),
+        "batch_size": batch,
+        "steps": result["steps"],
+        "train_s": last["train_s"],
+        "step_s": result["steady_step_s"],
+        "first_step_s": result["first_step_s"],
+        "breakdown": result["seconds_per_step_breakdown"],
+        "eval_s": last["eval_s"],
+        "test_acc": last["test_acc"],
+        "val_acc": last["val_acc"],
+        "max_rss_mb": result["max_rss_mb"],
+        "train_max_rss_mb": result["train_max_rss_mb"],
+    }
+
+
+def _partial(error: bench_scale.BenchScaleError) -> dict[str, Any]:
+    """What a failed dgl_scalegnn run measured before it failed: its steps' seconds and,
+    if it got there, each rank's peak before the evaluation."""
+    from dgl_scalegnn.train.metrics import read_metrics
+
+    if error.metrics is None or not error.metrics.exists():
+        return {}
+    events = read_metrics(error.metrics)
+    steps = [e for e in events if e["event"] == "step"][1:]  # the first: warm-up
+    evals = [e for e in events if e["event"] == "eval"]
+    partial: dict[str, Any] = {}
+    if steps:
+        partial["step_s_before_failure"] = sum(e["step_s"] for e in steps) / len(steps)
+    if evals:
+        partial["train_max_rss_mb"] = evals[0]["max_rss_mb_before"]
+    return partial
+
+
+def run_ours(
+    graph: bench_scale.Graph,
+    size: GrowthSize,
+    grid: str,
+    budget_s: float,
+    step_guess_s: float | None,
+    log_dir: Path,
+) -> dict[str, Any]:
+    """One dgl_scalegnn run at B = N/100 for about ``budget_s`` training seconds (steps
+    from ``step_guess_s``, else from a timing run), evaluated at its end; with the step
+    time at the fixed B beside it."""
+    processes = 1 if grid == "1x1x1x1" else 8
+    p = _plan(size, budget_s)
+    batch = {"sampling.batch_size": size.batch_size}
+    fixed: dict[str, Any] | None = None
+    if size.batch_size != FIXED_BATCH:
+        timing = bench_scale.run_ours(
+            graph, p, {"sampling.batch_size": FIXED_BATCH}, 0, processes,
+            TIMING_STEPS, [TIMING_STEPS], log_dir, grid,
+        )  # fmt: skip
+        fixed = _ours_row(timing, grid, FIXED_BATCH)
+    if step_guess_s is None:
+        probe = bench_scale.run_ours(
+            graph, p, batch, 0, processes, TIMING_STEPS, [TIMING_STEPS], log_dir, grid
+        )
+        step_guess_s = probe["steady_step_s"]
+    steps = max(TIMING_STEPS, round(budget_s / step_guess_s))
+    try:
+        result = bench_scale.run_ours(graph, p, batch, 0, processes, steps, [steps], log_dir, grid)
+    except bench_scale.BenchScaleError as error:
+        failed = {"error": str(error)[-1500:], "grid": grid, "processes": processes}
+        return {**failed, **_partial(error), "fixed_batch": fixed}
+    row = _ours_row(result, grid, size.batch_size)
+    if fixed is None:
+        fixed = {key: row[key] for key in ("grid", "step_s", "breakdown", "batch_size")}
+    predicted = predict(graph, grid, size.batch_size)
+    predicted["fixed_step_s"] = predict(graph, grid, FIXED_BATCH)["step_s"]
+    return {**row, "fixed_batch": fixed, "predicted": predicted}
+
+
+def run_saint(
+    graph: bench_scale.Graph, size: GrowthSize, normalization: str, budget_s: float, log_dir: Path
+) -> dict[str, Any]:
+    settings = {
+        "budget": size.batch_size,
+        "normalization": normalization,
+        "norm_coverage": 10,
+        "lr": 0.03 if graph.name == "sparse" else 0.01,  # make bench-scale's sweep
+    }
+    result = bench_scale.run_peer(graph, "graphsaint", settings, 0, budget_s, [budget_s], log_dir)
+    return _peer_row(result, size.batch_size)
+
+
+def run_sage(
+    graph: bench_scale.Graph, size: GrowthSize, budget_s: float, log_dir: Path
+) -> dict[str, Any]:
+    result = bench_scale.run_peer(graph, "graphsage", GRAPHSAGE, 0, budget_s, [budget_s], log_dir)
+    return _peer_row(result, GRAPHSAGE["batch_size"])
+
+
+def _peer_row(result: Mapping[str, Any], batch: int) -> dict[str, Any]:
+    last = result["history"][-1]
+    return {
+        "processes": len(result["max_rss_mb"]),
+        "batch_size": batch,
+        "settings": result.get("settings"),
+        "steps": last["step"],
+        "train_s": last["train_s"],
+        "step_s": last["train_s"] / max(1, last["step"]),
+        "eval_s": last["eval_s"],
+        "test_acc": last["test_acc"],
+        "val_acc": last["val_acc"],
+        "max_rss_mb": result["max_rss_mb"],
+        "setup_s": result.get("setup_s"),
+    }
+
+
+def run_forward(graph: bench_scale.Graph, size: GrowthSize, log_dir: Path) -> dict[str, Any]:
+    spec_path = log_dir / f"forward-{size.name}.json"
+    result_path = log_dir / f"forward-{size.name}.result.json"
+    spec = {"graph": str(graph.dgl_file), "preset": size.preset, "result_path": str(result_path)}
+    spec_path.write_text(json.dumps(spec))
+    argv = [sys.executable, "-m", "benchmarks.bench_growth", "forward", str(spec_path)]
+    bench_scale._run(argv, log_dir / f"forward-{size.name}.log", training.machine_cores(), 3600)
+    result = json.loads(result_path.read_text())
+    return {
+        "processes": 1,
+        "eval_s": min(result["eval_s_rounds"]),
+        "eval_s_rounds": result["eval_s_rounds"],
+        "loaded_mb": result["loaded_mb"],
+        "max_rss_mb": result["max_rss_mb"],
+    }
+
+
+def run_distdgl(
+    graph: bench_scale.Graph, size: GrowthSize, budget_s: float, log_dir: Path
+) -> dict[str, Any]:
+    settings = {**GRAPHSAGE, "eval_fanout": -1, "eval_batch_size": 4096}
+    result = bench_scale.run_distdgl(graph, settings, 0, _plan(size, budget_s), log_dir)
+    row = _peer_row(result, GRAPHSAGE["batch_size"])
+    return {**row, "partitions": "random, 8", "topology": result.get("topology")}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _record(path: Path) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[f"{row['size']}|{row['method']}"] = row
+    return rows
+
+
+def run_size(
+    size: GrowthSize,
+    budget_per_million_s: float,
+    work: Path,
+    log_dir: Path,
+    done: dict[str, dict[str, Any]],
+    record: Callable[[dict[str, Any]], None],
+    wanted: set[str],
+    carry: dict[str, Any],
+) -> None:
+    """Every wanted method at ``size`` (skipping those in ``done``), for a training
+    budget of ``budget_per_million_s`` seconds per million vertices."""
+    print(f"[{size.name}] preparing", flush=True)
+    graph, setup = setup_graph(size, work)
+    record({"size": size.name, "method": "setup", **setup})
+    budget = budget_per_million_s * size.num_nodes / 1e6
+    guesses = carry.setdefault(f"step_guess-{size.preset}", {})
+    grid8 = plan_grid(graph, size.batch_size)
+    saint_norm = carry.get(f"saint-{size.preset}")
+
+    def ours(grid: str) -> Callable[[], dict[str, Any]]:
+        def run() -> dict[str, Any]:
+            previous = guesses.get(grid)  # at fixed B/N a step grows about as N
+            guess = None if previous is None else previous[0] * size.num_nodes / previous[1]
+            return run_ours(graph, size, grid, budget, guess, log_dir)
+
+        return run
+
+    def saint() -> dict[str, Any]:
+        if saint_norm is not None:
+            return run_saint(graph, size, saint_norm, budget, log_dir)
+        tried = {n: run_saint(graph, size, n, budget, log_dir) for n in ("subgraph", "estimator")}
+        best = max(tried, key=lambda n: tried[n]["val_acc"])
+        carry[f"saint-{size.preset}"] = best
+        return {**tried[best], "normalization": best, "variants": tried}
+
+    methods: dict[str, Callable[[], dict[str, Any]]] = {
+        METHODS[0]: ours("1x1x1x1"),
+        METHODS[1]: ours(bench_scale.GRID_8),
+        METHODS[3]: saint,
+        METHODS[4]: lambda: run_sage(graph, size, budget, log_dir),
+        METHODS[5]: lambda: run_forward(graph, size, log_dir),
+        METHODS[6]: lambda: run_distdgl(graph, size, budget, log_dir),
+    }
+    if grid8 != bench_scale.GRID_8:
+        methods[METHODS[2]] = ours(grid8)
+    for method, run in methods.items():
+        key = f"{size.name}|{method}"
+        if method not in wanted:
+            continue
+        if key in done:
+            row = done[key]
+        else:
+            print(f"[{size.name}] {method}", flush=True)
+            start = time.perf_counter()
+            try:
+                row = run()
+            except (bench_scale.BenchScaleError, distdgl.DistDGLError, OSError) as error:
+                row = {"error": str(error)[-1500:]}
+            row = {
+                "size": size.name,
+                "method": method,
+                "wall_s": time.perf_counter() - start,
+                **row,
+            }
+            record(row)
+        if "step_s" in row and "grid" in row and "error" not in row:
+            guesses[row["grid"]] = (row["step_s"], size.num_nodes)
+        if method == METHODS[3] and "normalization" in row:
+            carry[f"saint-{size.preset}"] = row["normalization"]
+        print(f"[{size.name}] {method}: {_summary(row)}", flush=True)
+
+
+def _summary(row: Mapping[str, Any]) -> str:
+    if "error" in row:
+        return "failed: " + row["error"].splitlines()[-1][:200]
+    parts = [f"{key} {row[key]:.4g}" for key in ("test_acc", "step_s", "eval_s") if key in row]
+    return ", ".join([*parts, f"peak {max(row['max_rss_mb']):.0f} MB/rank"])
+
+
+def main() -> dict[str, Any]:
+    """Every size, every method; write the JSON, the PNG and the markdown."""
+    sizes = growth_sizes()
+    wanted = set(METHODS)
+    if os.environ.get("SCALEGNN_BENCH_GROWTH_METHODS"):
+        wanted = {m.strip() for m in os.environ["SCALEGNN_BENCH_GROWTH_METHODS"].split(",")}
+    budget = float(os.environ.get("SCALEGNN_BENCH_GROWTH_BUDGET", BUDGET_PER_MILLION_S))
+    start = time.perf_counter()
+    given = os.environ.get("SCALEGNN_BENCH_GROWTH_WORK")
+    with contextlib.ExitStack() as stack:
+        work = Path(given) if given else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        log_dir = work / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        rows_path = work / "rows.jsonl"
+        done = _record(rows_path)
+
+        def record(row: dict[str, Any]) -> None:
+            with open(rows_path, "a") as out:
+                out.write(json.dumps(row) + "\n")
+
+        carry: dict[str, Any] = {}
+        for size in sizes:
+            run_size(size, budget, work, log_dir, done, record, wanted, carry)
+        rows = list(_record(rows_path).values())
+    payload = {
+        "sizes": [dataclasses.asdict(s) for s in sizes],
+        "budget_per_million_s": budget,
+        "batch_fraction": BATCH_FRACTION,
+        "fixed_batch": FIXED_BATCH,
+        "minutes": (time.perf_counter() - start) / 60,
+        "rows": rows,
+    }
+    payload["analysis"] = growth_report.analyse(payload)
+    path = write_results("bench_growth", payload)
+    growth_report.write(payload, path)
+    return payload
+
+
+if __name__ == "__main__":
+    commands = {"generate": generate_main, "partition": partition_main, "forward": forward_main}
+    if len(sys.argv) == 3 and sys.argv[1] in commands:
+        sys.exit(commands[sys.argv[1]](sys.argv[2]))
+    main()

@@ -1,0 +1,307 @@
+"""The report of ``make bench-growth``: growth exponents, the cost model beside them, a
+table per preset and one log-log picture.
+
+The exponent of a quantity ``q`` measured at sizes ``N_1 < ... < N_k`` is the slope of
+the least-squares line through ``(log N_i, log q_i)``: ``q ~ N^e``. At fixed B/N a step
+of a method whose work is proportional to the batch grows with ``e = 1``; at fixed B
+with ``e = 0``; a full-graph evaluation with ``e = 1``. The cost model
+(:mod:`dgl_scalegnn.perfmodel`) predicts each dgl_scalegnn run (its figures are stored
+with the run); where measured and predicted exponents differ by more than
+:data:`DISAGREEMENT` the table marks it and :data:`WHY` says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import pyplot, save_plot
+
+__all__ = ["exponent", "analyse", "write", "QUANTITIES", "DISAGREEMENT"]
+
+#: Relative gap between measured and predicted exponents worth an explanation.
+DISAGREEMENT = 0.25
+#: Quantities of a run: key, label, how to read it from a row.
+QUANTITIES: dict[str, str] = {
+    "step_s": "s/step at fixed B/N",
+    "fixed_step_s": "s/step at fixed B",
+    "eval_s": "evaluation s/round",
+    "peak_rank_mb": "peak MB per rank",
+    "train_peak_rank_mb": "peak MB per rank before evaluating",
+    "summed_mb": "peak MB summed over ranks",
+    "test_acc": "test accuracy after the budget",
+}
+SETUP_QUANTITIES = {"seconds": "preparation s", "peak_rss_mb": "preparation peak MB"}
+#: Why measured growth departs from the model's (filled in from the results).
+WHY: dict[str, str] = {}
+
+
+def exponent(sizes: Sequence[float], values: Sequence[float]) -> float | None:
+    """Least-squares slope of ``log values`` against ``log sizes`` (None below 2 points).
+
+    >>> round(exponent([1e6, 1e7], [2.0, 20.0]), 3)
+    1.0
+    >>> exponent([1e6], [1.0]) is None
+    True
+    """
+    points = [(math.log(n), math.log(v)) for n, v in zip(sizes, values, strict=True) if v and v > 0]
+    if len({x for x, _ in points}) < 2:
+        return None
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    return sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+
+
+def quantities(row: Mapping[str, Any]) -> dict[str, float]:
+    """The quantities of :data:`QUANTITIES` that ``row`` measured (a failed run: what it
+    measured before it failed)."""
+    out: dict[str, float] = {}
+    if row.get("fixed_batch"):
+        out["fixed_step_s"] = row["fixed_batch"]["step_s"]
+    if row.get("train_max_rss_mb"):
+        out["train_peak_rank_mb"] = max(row["train_max_rss_mb"])
+    if "error" in row:
+        if "step_s_before_failure" in row:
+            out["step_s"] = row["step_s_before_failure"]
+        return out
+    for key in ("eval_s", "test_acc"):
+        if row.get(key) is not None:
+            out[key] = float(row[key])
+    if "step_s" in row:
+        out["fixed_step_s" if row["method"].startswith(_FIXED_B) else "step_s"] = row["step_s"]
+    if row.get("max_rss_mb"):
+        out["peak_rank_mb"] = max(row["max_rss_mb"])
+        out["summed_mb"] = sum(row["max_rss_mb"])
+    return out
+
+
+#: Methods that train at a fixed batch whatever N is.
+_FIXED_B = ("GraphSAGE", "DistDGL")
+
+
+def _preset_of(size: str) -> tuple[str, int]:
+    preset, _, n = size.rpartition("-")
+    return preset, int(n)
+
+
+def analyse(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Per preset and method: each quantity by size, its exponent and the model's."""
+    out: dict[str, Any] = {}
+    for row in payload["rows"]:
+        preset, n = _preset_of(row["size"])
+        method = out.setdefault(preset, {}).setdefault(row["method"], {"sizes": {}})
+        if row["method"] == "setup":
+            for step, figures in row.items():
+                if isinstance(figures, dict):
+                    for key in SETUP_QUANTITIES:
+                        method["sizes"].setdefault(n, {})[f"{step}_{key}"] = figures[key]
+            continue
+        method["sizes"][n] = {
+            **quantities(row),
+            **{f"predicted_{k}": v for k, v in row.get("predicted", {}).items()},
+        }
+    for methods in out.values():
+        for figures in methods.values():
+            by_size = dict(sorted(figures["sizes"].items()))
+            figures["sizes"] = by_size
+            keys = {key for values in by_size.values() for key in values}
+            figures["exponents"] = {
+                key: exponent(
+                    [n for n, v in by_size.items() if key in v],
+                    [v[key] for v in by_size.values() if key in v],
+                )
+                for key in sorted(keys)
+            }
+            figures["disagree"] = sorted(
+                key
+                for key in QUANTITIES
+                if _gap(figures["exponents"].get(key), figures["exponents"].get(f"predicted_{key}"))
+            )
+    return out
+
+
+def _gap(measured: float | None, predicted: float | None) -> bool:
+    if measured is None or predicted is None:
+        return False
+    return abs(measured - predicted) > DISAGREEMENT * max(abs(predicted), 0.1)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _memory(row: Mapping[str, Any]) -> str:
+    peaks = row.get("max_rss_mb") or []
+    if not peaks:
+        return "-"
+    if len(peaks) == 1:
+        return f"{peaks[0]:.0f}"
+    return f"max {max(peaks):.0f} (sum {sum(peaks):.0f})"
+
+
+def _breakdown(row: Mapping[str, Any]) -> str:
+    parts = row.get("breakdown") or {}
+    return ", ".join(f"{k} {v:.3f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:5])
+
+
+def _run_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = [
+        "| vertices | method | procs (grid) | test acc | train s (steps) | s/step at B/N "
+        "| s/step at fixed B | eval s/round | peak MB/rank (sum) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        n = _preset_of(row["size"])[1]
+        q = quantities(row)
+        if "error" in row:
+            why = row["error"].strip().splitlines()[-1][:160].replace("|", "/")
+            lines.append(
+                f"| {n:,} | {row['method']} | {row.get('processes', '')} | failed: {why} | "
+                f"| {_fmt(q.get('step_s'))} | {_fmt(q.get('fixed_step_s'))} | | |"
+            )
+            continue
+        grid = f" ({row['grid']})" if "grid" in row else ""
+        train = f"{row['train_s']:.1f} ({row['steps']})" if row.get("train_s") is not None else "-"
+        lines.append(
+            f"| {n:,} | {row['method']} | {row.get('processes', 1)}{grid} "
+            f"| {_fmt(q.get('test_acc'), 4)} | {train} | {_fmt(q.get('step_s'))} "
+            f"| {_fmt(q.get('fixed_step_s'))} | {_fmt(q.get('eval_s'))} | {_memory(row)} |"
+        )
+    return lines
+
+
+def _exponent_table(methods: Mapping[str, Any]) -> list[str]:
+    keys = [*QUANTITIES]
+    lines = [
+        "| method | " + " | ".join(QUANTITIES[k] for k in keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
+    for method, figures in methods.items():
+        if method == "setup":
+            continue
+        exps = figures["exponents"]
+        cells = []
+        for key in keys:
+            measured, predicted = exps.get(key), exps.get(f"predicted_{key}")
+            cell = _fmt(measured, 2)
+            if predicted is not None:
+                differs = ", differs" if key in figures["disagree"] else ""
+                cell += f" (model {_fmt(predicted, 2)}{differs})"
+            cells.append(cell)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _setup_table(setup: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "| vertices | scalegnn prepare s (peak MB) | peers' generate+save s (peak MB) "
+        "| DistDGL partition s (peak MB) |",
+        "|---|---|---|---|",
+    ]
+    for n, v in setup["sizes"].items():
+        cells = [
+            f"{_fmt(v.get(f'{step}_seconds'))} ({_fmt(v.get(f'{step}_peak_rss_mb'), 4)})"
+            for step in ("prepare", "generate", "partition")
+        ]
+        lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    exps = setup["exponents"]
+    lines.append(
+        "| exponent | "
+        + " | ".join(
+            f"{_fmt(exps.get(f'{s}_seconds'), 2)} ({_fmt(exps.get(f'{s}_peak_rss_mb'), 2)})"
+            for s in ("prepare", "generate", "partition")
+        )
+        + " |"
+    )
+    return lines
+
+
+def plot(payload: Mapping[str, Any], path: Path) -> None:
+    """One log-log panel per quantity: every method of every preset against vertices."""
+    plt = pyplot()
+    analysis = payload["analysis"]
+    keys = [*QUANTITIES, "prepare"]
+    fig, axes = plt.subplots(2, 4, figsize=(20, 9))
+    styles = {"sparse": "-", "products-like": "--"}
+    for ax, key in zip(axes.flat, keys, strict=False):
+        for preset, methods in analysis.items():
+            for method, figures in methods.items():
+                quantity = "prepare_seconds" if key == "prepare" else key
+                points = [(n, v[quantity]) for n, v in figures["sizes"].items() if quantity in v]
+                if not points:
+                    continue
+                xs, ys = zip(*points, strict=True)
+                label = (
+                    f"{method} ({preset})" if method != "setup" else f"scalegnn prepare ({preset})"
+                )
+                ax.plot(xs, ys, styles.get(preset, ":"), marker="o", label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("vertices")
+        ax.set_title(QUANTITIES.get(key, "preparation s"))
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    for ax in axes.flat:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+    axes.flat[-1].axis("off")
+    axes.flat[-1].legend(handles, labels, loc="center", fontsize=8)
+    fig.suptitle("make bench-growth: cost against vertices (log-log)")
+    fig.tight_layout()
+    save_plot(fig, path)
+
+
+def write(payload: Mapping[str, Any], results_path: Path) -> Path:
+    """``bench_growth.md`` and ``bench_growth.png`` beside ``results_path``."""
+    png = results_path.with_suffix(".png")
+    plot(payload, results_path)
+    lines = [
+        "# How the cost grows with the graph (`make bench-growth`)",
+        "",
+        f"Training budget {payload['budget_per_million_s']:g} s per million vertices "
+        f"(evaluation excluded), B = N/{payload['batch_fraction']} for dgl_scalegnn and "
+        f"GraphSAINT, fixed B = {payload['fixed_batch']:,} for the fixed-B step times; run "
+        f"time {payload['minutes']:.0f} min on {_cores()} cores. Picture: {png.name}.",
+        "",
+    ]
+    for preset, methods in payload["analysis"].items():
+        rows = [r for r in payload["rows"] if _preset_of(r["size"])[0] == preset]
+        rows = [r for r in rows if r["method"] != "setup"]
+        rows.sort(key=lambda r: (_preset_of(r["size"])[1], r["method"]))
+        lines += [f"## {preset}", "", *_run_table(rows), ""]
+        if "setup" in methods:
+            lines += ["Preparation:", "", *_setup_table(methods["setup"]), ""]
+        lines += [
+            "Exponents (q ~ N^e; the cost model's in brackets, for dgl_scalegnn):",
+            "",
+            *_exponent_table(methods),
+            "",
+        ]
+        breakdowns = [r for r in rows if r.get("breakdown")]
+        if breakdowns:
+            lines += ["Step breakdown (s/step, largest parts):", ""]
+            lines += [
+                f"- {_preset_of(r['size'])[1]:,}, {r['method']}: {_breakdown(r)}"
+                for r in breakdowns
+            ]
+            lines.append("")
+    if WHY:
+        lines += ["## Where the model and the measurement part", ""]
+        lines += [f"- **{key}**: {text}" for key, text in WHY.items()]
+    md = results_path.with_suffix(".md")
+    md.write_text("\n".join(lines) + "\n")
+    return md
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 1
