@@ -60,7 +60,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,29 +142,48 @@ def _measured(argv_module: list[str], log: Path, threads: int, timeout_s: float)
     return {"seconds": seconds, "peak_rss_mb": json.loads(peak.read_text())["peak_rss_mb"]}
 
 
-def setup_graph(size: GrowthSize, work: Path) -> tuple[bench_scale.Graph, dict[str, Any]]:
-    """Prepare ``size`` for every method once (kept in ``work``): ``scalegnn prepare``
+#: The preparation steps each method needs beyond ``scalegnn prepare``.
+_NEEDS = {
+    "GraphSAINT-node": ("generate",),
+    "GraphSAGE": ("generate",),
+    "DGL full-graph forward": ("generate",),
+    "DistDGL, 8 trainers": ("generate", "partition"),
+}
+
+
+def setup_graph(
+    size: GrowthSize, work: Path, methods: Iterable[str] = METHODS
+) -> tuple[bench_scale.Graph, dict[str, Any]]:
+    """Prepare ``size`` once for ``methods`` (kept in ``work``): ``scalegnn prepare``
     (streaming, bounded memory), the peers' DGL graph, DistDGL's 8 random partitions.
     Returns the graph and the seconds and peak memory of each step."""
     base = work / size.name
     base.mkdir(parents=True, exist_ok=True)
     done = base / "setup.json"
     config_file = scale_presets.CONFIG_FILES[size.preset]
-    if not done.exists():
+    setup: dict[str, Any] = json.loads(done.read_text()) if done.exists() else {}
+    if "prepare" not in setup:
         cfg = scale_presets.preset(size.preset, size.num_nodes)
-        setup: dict[str, Any] = {}
         argv = ["dgl_scalegnn.cli", "prepare", "--config", config_file]
         for key, value in dataclasses.asdict(cfg).items():  # exactly the peers' graph
             argv += ["--set", f"data.synthetic.{key}={str(value).lower()}"]
         argv += ["--out", str(base / "prepared")]
         setup["prepare"] = _measured(argv, base / "prepare.log", 2, 7200)
-        spec = base / "peers.json"
-        spec.write_text(json.dumps({"preset": size.preset, "num_nodes": size.num_nodes}))
-        for step in ("generate", "partition"):
-            module = ["benchmarks.bench_growth", step, str(spec)]
-            setup[step] = _measured(module, base / f"{step}.log", 2, 7200)
         done.write_text(json.dumps(setup))
-    setup = json.loads(done.read_text())
+    spec = base / "peers.json"
+    spec.write_text(json.dumps({"preset": size.preset, "num_nodes": size.num_nodes}))
+    needed = {step for method in methods for step in _NEEDS.get(method, ())}
+    for step in ("generate", "partition"):
+        if step in needed and step not in setup:
+            module = ["benchmarks.bench_growth", step, str(spec)]
+            if "error" in setup.get("generate", {}):
+                setup[step] = {"error": "the graph was not generated"}
+                continue
+            try:
+                setup[step] = _measured(module, base / f"{step}.log", 2, 7200)
+            except bench_scale.BenchScaleError as error:  # e.g. killed for memory
+                setup[step] = {"error": str(error)[-1500:], **_peak_of(base / f"{step}.log")}
+            done.write_text(json.dumps(setup))
     num_classes = scale_presets.preset(size.preset).num_classes
     graph = bench_scale.Graph(
         name=size.preset,
@@ -174,9 +193,15 @@ def setup_graph(size: GrowthSize, work: Path) -> tuple[bench_scale.Graph, dict[s
         part_config=base / "parts8" / f"{distdgl.GRAPH_NAME}.json",
         num_classes=num_classes,
         num_nodes=size.num_nodes,
-        setup_s={step: figures["seconds"] for step, figures in setup.items()},
+        setup_s={step: f["seconds"] for step, f in setup.items() if "seconds" in f},
     )
     return graph, setup
+
+
+def _peak_of(log: Path) -> dict[str, float]:
+    """The peak a killed :func:`_measured` process reached, where it wrote one."""
+    peak = log.with_suffix(".peak.json")
+    return json.loads(peak.read_text()) if peak.exists() else {}
 
 
 def generate_main(spec_path: str) -> int:
@@ -349,11 +374,17 @@ def run_ours(
     batch = {"sampling.batch_size": size.batch_size}
     fixed: dict[str, Any] | None = None
     if size.batch_size != FIXED_BATCH:
-        timing = bench_scale.run_ours(
-            graph, p, {"sampling.batch_size": FIXED_BATCH}, 0, processes,
-            TIMING_STEPS, [TIMING_STEPS], log_dir, grid,
-        )  # fmt: skip
-        fixed = _ours_row(timing, grid, FIXED_BATCH)
+        try:
+            timing = bench_scale.run_ours(
+                graph, p, {"sampling.batch_size": FIXED_BATCH}, 0, processes,
+                TIMING_STEPS, [TIMING_STEPS], log_dir, grid,
+            )  # fmt: skip
+            fixed = _ours_row(timing, grid, FIXED_BATCH)
+        except bench_scale.BenchScaleError as error:  # its steps count, if it took them
+            partial = _partial(error)
+            fixed = {"error": str(error)[-300:], "grid": grid, "batch_size": FIXED_BATCH}
+            if "step_s_before_failure" in partial:
+                fixed["step_s"] = partial["step_s_before_failure"]
     if step_guess_s is None:
         probe = bench_scale.run_ours(
             graph, p, batch, 0, processes, TIMING_STEPS, [TIMING_STEPS], log_dir, grid
@@ -462,7 +493,7 @@ def run_size(
     """Every wanted method at ``size`` (skipping those in ``done``), for a training
     budget of ``budget_per_million_s`` seconds per million vertices."""
     print(f"[{size.name}] preparing", flush=True)
-    graph, setup = setup_graph(size, work)
+    graph, setup = setup_graph(size, work, wanted)
     record({"size": size.name, "method": "setup", **setup})
     budget = budget_per_million_s * size.num_nodes / 1e6
     guesses = carry.setdefault(f"step_guess-{size.preset}", {})
@@ -499,8 +530,17 @@ def run_size(
         key = f"{size.name}|{method}"
         if method not in wanted:
             continue
+        missing = [step for step in _NEEDS.get(method, ()) if "error" in setup.get(step, {})]
         if key in done:
             row = done[key]
+        elif missing:
+            row = {
+                "size": size.name,
+                "method": method,
+                "error": f"no {missing[0]}: "
+                + (setup[missing[0]]["error"].strip().splitlines() or [""])[-1][:300],
+            }
+            record(row)
         else:
             print(f"[{size.name}] {method}", flush=True)
             start = time.perf_counter()
@@ -527,6 +567,17 @@ def _summary(row: Mapping[str, Any]) -> str:
         return "failed: " + row["error"].splitlines()[-1][:200]
     parts = [f"{key} {row[key]:.4g}" for key in ("test_acc", "step_s", "eval_s") if key in row]
     return ", ".join([*parts, f"peak {max(row['max_rss_mb']):.0f} MB/rank"])
+
+
+def _minutes(rows: Iterable[Mapping[str, Any]]) -> float:
+    """Minutes of every run and preparation step in ``rows``."""
+    seconds = 0.0
+    for row in rows:
+        if row["method"] == "setup":
+            seconds += sum(v.get("seconds", 0.0) for v in row.values() if isinstance(v, dict))
+        else:
+            seconds += row.get("wall_s", 0.0)
+    return seconds / 60
 
 
 def main() -> dict[str, Any]:
@@ -558,7 +609,9 @@ def main() -> dict[str, Any]:
         "budget_per_million_s": budget,
         "batch_fraction": BATCH_FRACTION,
         "fixed_batch": FIXED_BATCH,
-        "minutes": (time.perf_counter() - start) / 60,
+        # every run and preparation step, also of earlier invocations on this work dir
+        "minutes": _minutes(rows),
+        "this_invocation_minutes": (time.perf_counter() - start) / 60,
         "rows": rows,
     }
     payload["analysis"] = growth_report.analyse(payload)

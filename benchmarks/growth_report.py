@@ -94,7 +94,7 @@ def analyse(payload: Mapping[str, Any]) -> dict[str, Any]:
         method = out.setdefault(preset, {}).setdefault(row["method"], {"sizes": {}})
         if row["method"] == "setup":
             for step, figures in row.items():
-                if isinstance(figures, dict):
+                if isinstance(figures, dict) and "seconds" in figures:
                     for key in SETUP_QUANTITIES:
                         method["sizes"].setdefault(n, {})[f"{step}_{key}"] = figures[key]
             continue
