@@ -13,10 +13,10 @@ prepared once, then every method in its own process(es), in one run:
     At every size above the smallest, also :data:`TIMING_STEPS` steps at the fixed
     B = :data:`FIXED_BATCH` (step time at fixed B).
 ``GraphSAINT-node``
-    DGL's ``SAINTSampler`` at budget N/100, each sampled subgraph with its own GCN
-    normalisation (``normalization: subgraph``; at the smallest size of each preset
-    GraphSAINT's estimator is run too, and the better of the two is kept for the larger
-    sizes), full-graph evaluation.
+    DGL's ``SAINTSampler`` at budget N/100, full-graph evaluation; at the smallest size
+    of each preset swept over its normalisations (each sampled subgraph its own GCN
+    normalisation, GraphSAINT's estimator, the full graph's weights), learning rates and
+    dropouts (:data:`SAINT_SWEEP`), the best on validation kept for the larger sizes.
 ``GraphSAGE``
     DGL's ``NeighborSampler`` (batch 1024, fan-outs 10, 10: the choice of
     ``make bench-scale``'s sweep on both 1M graphs), layer-wise evaluation with all
@@ -135,10 +135,24 @@ def growth_sizes(spec: str | None = None) -> list[GrowthSize]:
 
 
 def _measured(argv_module: list[str], log: Path, threads: int, timeout_s: float) -> dict:
-    """Run ``python -m MODULE ARGS`` under :mod:`benchmarks.peak_memory`: seconds, peak MB."""
+    """Run ``python -m MODULE ARGS`` under :mod:`benchmarks.peak_memory`: seconds, peak MB.
+    The peak is also read from ``/proc`` while it runs, so that a process killed for
+    memory still leaves the peak it reached (in the error's ``peak_rss_mb``)."""
     peak = log.with_suffix(".peak.json")
     argv = [sys.executable, "-m", "benchmarks.peak_memory", str(peak), *argv_module]
-    seconds = bench_scale._run(argv, log, threads, timeout_s)
+    seen = {"peak_rss_mb": 0.0}
+
+    def watch(pid: int) -> None:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    seen["peak_rss_mb"] = max(seen["peak_rss_mb"], int(line.split()[1]) / 1024)
+
+    try:
+        seconds = bench_scale._run(argv, log, threads, timeout_s, watch)
+    except bench_scale.BenchScaleError as error:
+        error.peak_rss_mb = seen["peak_rss_mb"]
+        raise
     return {"seconds": seconds, "peak_rss_mb": json.loads(peak.read_text())["peak_rss_mb"]}
 
 
@@ -182,7 +196,7 @@ def setup_graph(
             try:
                 setup[step] = _measured(module, base / f"{step}.log", 2, 7200)
             except bench_scale.BenchScaleError as error:  # e.g. killed for memory
-                setup[step] = {"error": str(error)[-1500:], **_peak_of(base / f"{step}.log")}
+                setup[step] = {"error": str(error)[-1500:], "peak_rss_mb": error.peak_rss_mb}
             done.write_text(json.dumps(setup))
     num_classes = scale_presets.preset(size.preset).num_classes
     graph = bench_scale.Graph(
@@ -196,12 +210,6 @@ def setup_graph(
         setup_s={step: f["seconds"] for step, f in setup.items() if "seconds" in f},
     )
     return graph, setup
-
-
-def _peak_of(log: Path) -> dict[str, float]:
-    """The peak a killed :func:`_measured` process reached, where it wrote one."""
-    peak = log.with_suffix(".peak.json")
-    return json.loads(peak.read_text()) if peak.exists() else {}
 
 
 def generate_main(spec_path: str) -> int:
@@ -404,15 +412,26 @@ def run_ours(
     return {**row, "fixed_batch": fixed, "predicted": predicted}
 
 
+#: GraphSAINT-node's sweep at the smallest size of a preset (chosen on validation
+#: accuracy, then kept for the larger sizes): its three normalisations, two learning
+#: rates and dropouts.
+SAINT_SWEEP = tuple(
+    {"normalization": norm, "lr": lr, "dropout": dropout}
+    for norm in ("subgraph", "estimator", "global")
+    for lr in (0.01, 0.03)
+    for dropout in (0.0, 0.2)
+)
+
+
 def run_saint(
-    graph: bench_scale.Graph, size: GrowthSize, normalization: str, budget_s: float, log_dir: Path
+    graph: bench_scale.Graph,
+    size: GrowthSize,
+    choice: Mapping[str, Any],
+    budget_s: float,
+    log_dir: Path,
 ) -> dict[str, Any]:
-    settings = {
-        "budget": size.batch_size,
-        "normalization": normalization,
-        "norm_coverage": 10,
-        "lr": 0.03 if graph.name == "sparse" else 0.01,  # make bench-scale's sweep
-    }
+    """GraphSAINT-node at budget N/100 with ``choice`` (a :data:`SAINT_SWEEP` entry)."""
+    settings = {"budget": size.batch_size, "norm_coverage": 10, **choice}
     result = bench_scale.run_peer(graph, "graphsaint", settings, 0, budget_s, [budget_s], log_dir)
     return _peer_row(result, size.batch_size)
 
@@ -498,7 +517,7 @@ def run_size(
     budget = budget_per_million_s * size.num_nodes / 1e6
     guesses = carry.setdefault(f"step_guess-{size.preset}", {})
     grid8 = plan_grid(graph, size.batch_size)
-    saint_norm = carry.get(f"saint-{size.preset}")
+    saint_choice = carry.get(f"saint-{size.preset}")
 
     def ours(grid: str) -> Callable[[], dict[str, Any]]:
         def run() -> dict[str, Any]:
@@ -509,12 +528,11 @@ def run_size(
         return run
 
     def saint() -> dict[str, Any]:
-        if saint_norm is not None:
-            return run_saint(graph, size, saint_norm, budget, log_dir)
-        tried = {n: run_saint(graph, size, n, budget, log_dir) for n in ("subgraph", "estimator")}
-        best = max(tried, key=lambda n: tried[n]["val_acc"])
-        carry[f"saint-{size.preset}"] = best
-        return {**tried[best], "normalization": best, "variants": tried}
+        if saint_choice is not None:
+            return {**run_saint(graph, size, saint_choice, budget, log_dir), "choice": saint_choice}
+        tried = [run_saint(graph, size, choice, budget, log_dir) for choice in SAINT_SWEEP]
+        best = max(range(len(tried)), key=lambda k: tried[k]["val_acc"])
+        return {**tried[best], "choice": SAINT_SWEEP[best], "sweep": tried}
 
     methods: dict[str, Callable[[], dict[str, Any]]] = {
         METHODS[0]: ours("1x1x1x1"),
@@ -534,11 +552,15 @@ def run_size(
         if key in done:
             row = done[key]
         elif missing:
+            failed = setup[missing[0]]
+            why = (failed["error"].strip().splitlines() or [""])[-1][:300]
+            peak = failed.get("peak_rss_mb")
             row = {
                 "size": size.name,
                 "method": method,
-                "error": f"no {missing[0]}: "
-                + (setup[missing[0]]["error"].strip().splitlines() or [""])[-1][:300],
+                "error": f"its {missing[0]} step failed"
+                + (f" at a peak of {peak:.0f} MB" if peak else "")
+                + f": {why}",
             }
             record(row)
         else:
@@ -557,8 +579,8 @@ def run_size(
             record(row)
         if "step_s" in row and "grid" in row and "error" not in row:
             guesses[row["grid"]] = (row["step_s"], size.num_nodes)
-        if method == METHODS[3] and "normalization" in row:
-            carry[f"saint-{size.preset}"] = row["normalization"]
+        if method == METHODS[3] and "choice" in row:
+            carry[f"saint-{size.preset}"] = row["choice"]
         print(f"[{size.name}] {method}: {_summary(row)}", flush=True)
 
 

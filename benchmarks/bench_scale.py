@@ -73,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,9 +120,11 @@ _QUICK_FRACTIONS = (40, 100)
 
 class BenchScaleError(RuntimeError):
     """A run of the scale benchmark failed; the message names the command and its log
-    (``metrics``: the metrics file of a dgl_scalegnn run, where it had one)."""
+    (``metrics``: the metrics file of a dgl_scalegnn run, where it had one;
+    ``peak_rss_mb``: the peak its process reached, where it was watched)."""
 
     metrics: Path | None = None
+    peak_rss_mb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -241,9 +243,17 @@ def _env(threads: int) -> dict[str, str]:
     }
 
 
-def _run(argv: Sequence[str], log: Path, threads: int, timeout_s: float) -> float:
-    """Run ``argv`` to completion (its own session, killed on timeout); return wall seconds."""
+def _run(
+    argv: Sequence[str],
+    log: Path,
+    threads: int,
+    timeout_s: float,
+    watch: Callable[[int], None] | None = None,
+) -> float:
+    """Run ``argv`` to completion (its own session, killed on timeout); return wall seconds.
+    ``watch(pid)``, if given, is called about twice a second while it runs."""
     start = time.perf_counter()
+    deadline = start + timeout_s
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             list(argv),
@@ -254,10 +264,13 @@ def _run(argv: Sequence[str], log: Path, threads: int, timeout_s: float) -> floa
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        code = None
         try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
+            while code is None and time.perf_counter() < deadline:
+                if watch is not None:
+                    watch(proc.pid)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = proc.wait(timeout=min(0.5, max(0.0, deadline - time.perf_counter())))
         finally:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

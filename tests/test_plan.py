@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -117,3 +118,17 @@ def test_a_graph_file_is_measured_and_its_derived_settings_planned(tmp_path, cap
         f"dgl: 97 vertices, {nnz:,} adjacency entries, 11 features, 5 classes ({path}); "
         f"batch 97, {resolved.model.layers} layers of {resolved.model.hidden}"
     )
+
+
+def test_where_no_shape_fits_the_one_nearest_to_fitting_leads():
+    """Ranked by epoch time alone, 8 data-parallel ranks (each holding the whole graph)
+    would lead a graph too large for every shape: the first run to be killed."""
+    tiny = dataclasses.replace(MACHINES["a100"], rank_memory=1e6)
+    plans = rank_grids(WORK, 8, tiny, tf32=True)
+    assert not any(plan.fits for plan in plans)
+    memory = [plan.memory for plan in plans]
+    assert memory == sorted(memory)
+    fitting = rank_grids(WORK, 8, MACHINES["a100"], tf32=True)
+    assert all(plan.fits for plan in fitting)
+    assert [p.epoch_s for p in fitting] == sorted(p.epoch_s for p in fitting)
+    assert str(fitting[0].grid) != str(plans[0].grid)  # the switch changed the leader

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_scale, scale_presets
+from benchmarks import bench_growth, bench_scale, scale_presets
 from dgl_scalegnn.config import load_config
 from dgl_scalegnn.data.synthetic import generate
 
@@ -51,10 +51,23 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
     assert (model.residual_from, model.final_norm) == ("aggregated", True)
 
 
-def test_products_size_config_is_the_preset_at_ogbn_products_size() -> None:
-    cfg = load_config(ROOT / "yaml/products-like-2m.yaml")
-    assert cfg.data.synthetic == scale_presets.preset("products-like", 2_449_029)
-    assert cfg.sampling.batch_size == 245_000
+@pytest.mark.parametrize(
+    ("config_file", "name", "num_nodes"),
+    [
+        ("yaml/products-like-2m.yaml", "products-like", 2_449_029),
+        ("yaml/synthetic-10m.yaml", "sparse", 10_000_000),
+    ],
+)
+def test_larger_configs_are_the_preset_at_their_size_with_the_1m_settings(
+    config_file: str, name: str, num_nodes: int
+) -> None:
+    """The configs at other sizes are the graphs `make bench-growth` measured: the
+    preset at that size, the 1M config's model and optimiser, and B = N/100."""
+    cfg = load_config(ROOT / config_file)
+    at_1m = load_config(ROOT / scale_presets.CONFIG_FILES[name])
+    assert cfg.data.synthetic == scale_presets.preset(name, num_nodes)
+    assert cfg.sampling.batch_size == num_nodes // bench_growth.BATCH_FRACTION
+    assert (cfg.model, cfg.optim) == (at_1m.model, at_1m.optim)
 
 
 def test_products_like_has_the_shape_of_ogbn_products() -> None:

@@ -5,7 +5,8 @@ For a config and a rank count, each grid shape of that many ranks is costed by
 axis (uneven splits give the first blocks the extra rows): the seconds of an epoch
 (steps per epoch times one step's collectives and kernels), of one full-graph
 evaluation, and the bytes a rank holds. Shapes that fit the memory of a rank are ranked
-by epoch time, then evaluation time, then memory; the others follow, marked. The
+by epoch time, then evaluation time, then memory; the others follow, marked, least
+memory first (where none fits, the shape nearest to fitting leads). The
 sentence under the table says why the first wins over the next slower one: the
 component of the step where the difference lies and the bytes behind it.
 
@@ -162,7 +163,10 @@ class GridPlan:
         return self.steps_per_epoch * self.step_s
 
     def sort_key(self) -> tuple:
-        return (not self.fits, self.epoch_s, self.eval_s, self.memory, str(self.grid))
+        # where no shape fits, the one nearest to fitting leads: the fastest of those that
+        # do not fit would be the surest to be killed for memory
+        speed = (self.epoch_s, self.eval_s) if self.fits else (self.memory, self.epoch_s)
+        return (not self.fits, *speed, self.memory, str(self.grid))
 
 
 def grid_shapes(ranks: int) -> list[GridShape]:
