@@ -290,15 +290,24 @@ def _plan(size: GrowthSize, budget_s: float) -> bench_scale.Plan:
 
 
 def plan_grid(graph: bench_scale.Graph, batch_size: int) -> str:
-    """The grid the cost model ranks first for 8 CPU ranks on ``graph``."""
+    """The grid the cost model ranks first for 8 CPU ranks on ``graph``, all on this host.
+
+    ``scalegnn plan --gpu cpu`` counts a rank per core (8 ranks on 2 cores would be 4
+    such hosts, each rank with half a host's memory); here the 8 ranks share one host's
+    memory, so each gets an eighth: at 10M vertices the per-core view ranks 8x1x1x1
+    (every rank the whole graph) first, which thrashed this host.
+    """
     from dgl_scalegnn.config import load_config
+    from dgl_scalegnn.train.defaults import available_bytes
     from dgl_scalegnn.train.plan import machine, rank_grids, workload
 
     cfg = load_config(
         ROOT / graph.config_file,
         [f"data.prepared={graph.prepared}", f"sampling.batch_size={batch_size}"],
     )
-    spec = machine("cpu", 8)
+    spec = dataclasses.replace(
+        machine("cpu", 8), per_node=8, rank_memory=available_bytes("cpu", local_ranks=8)
+    )
     work, _, _ = workload(cfg, spec)
     return str(rank_grids(work, 8, spec, tf32=False)[0].grid)
 
@@ -393,13 +402,13 @@ def run_ours(
             fixed = {"error": str(error)[-300:], "grid": grid, "batch_size": FIXED_BATCH}
             if "step_s_before_failure" in partial:
                 fixed["step_s"] = partial["step_s_before_failure"]
-    if step_guess_s is None:
-        probe = bench_scale.run_ours(
-            graph, p, batch, 0, processes, TIMING_STEPS, [TIMING_STEPS], log_dir, grid
-        )
-        step_guess_s = probe["steady_step_s"]
-    steps = max(TIMING_STEPS, round(budget_s / step_guess_s))
     try:
+        if step_guess_s is None:
+            probe = bench_scale.run_ours(
+                graph, p, batch, 0, processes, TIMING_STEPS, [TIMING_STEPS], log_dir, grid
+            )
+            step_guess_s = probe["steady_step_s"]
+        steps = max(TIMING_STEPS, round(budget_s / step_guess_s))
         result = bench_scale.run_ours(graph, p, batch, 0, processes, steps, [steps], log_dir, grid)
     except bench_scale.BenchScaleError as error:
         failed = {"error": str(error)[-1500:], "grid": grid, "processes": processes}

@@ -14,6 +14,7 @@ says why.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,38 @@ QUANTITIES: dict[str, str] = {
     "test_acc": "test accuracy after the budget",
 }
 SETUP_QUANTITIES = {"seconds": "preparation s", "peak_rss_mb": "preparation peak MB"}
-#: Why measured growth departs from the model's (filled in from the results).
-WHY: dict[str, str] = {}
+#: Why measured growth departs from the model's, as far as the last run showed (the
+#: table marks which quantities of which methods differ; these say why).
+WHY: dict[str, str] = {
+    "s/step on 8 processes (1x2x2x2)": (
+        "the 8 ranks share 2 cores, and each all-reduce's latency (a context switch per "
+        "message among 8 processes) is most of a step (0.12 of 0.195 s at 1M, sparse) and "
+        "does not grow with N. The model prices a core per rank (50 us, 5 GB/s) and "
+        "predicts 0.025 s a step at 1M, 8x less than measured, most of it bandwidth that "
+        "grows with B: measured growth is slower than predicted."
+    ),
+    "evaluation s on 1 process": (
+        "a round has fixed costs (the chunks' CSR row extraction set-up, the objective's "
+        "counts, thread-pool warm-up) that weigh most at 1M: 3.4 s at 1M, 7.8 s at 3M and "
+        "22 s at 10M is N^0.87 from 3M on, where the model's kernels grow as N."
+    ),
+    "peak MB per rank on 8 processes": (
+        "the model counts the graph share, parameters, one batch and its activations, not "
+        "the evaluation's two full-size layer buffers (N/2 x H/2 floats a rank on 1x2x2x2: "
+        "1.28 GB each at 10M), nor the heap a step leaves for the next; both grow with N, "
+        "so the measured peak grows faster and is 1.7-1.9x the model's."
+    ),
+    "the plan grid at the largest sizes": (
+        "with every rank's share of this host's memory (an eighth of what is available), "
+        "the model ranks 2x1x2x2 first at 10M (sparse) and 4x1x1x2 at 2.45M "
+        "(products-like); both were killed for memory in their first run, because the "
+        "model leaves out what the peak above adds. `scalegnn plan --gpu cpu` counts a "
+        "rank per core, so 8 ranks look like 4 hosts of 2 cores: it ranks 8x1x1x1 (every "
+        "rank the whole graph) first at 10M, which thrashed this host at 21 of 23 GB and "
+        "was stopped by hand (not in the table); where no shape fits it now puts the "
+        "least memory first."
+    ),
+}
 
 
 def exponent(sizes: Sequence[float], values: Sequence[float]) -> float | None:
@@ -59,7 +90,7 @@ def quantities(row: Mapping[str, Any]) -> dict[str, float]:
     """The quantities of :data:`QUANTITIES` that ``row`` measured (a failed run: what it
     measured before it failed)."""
     out: dict[str, float] = {}
-    if row.get("fixed_batch"):
+    if (row.get("fixed_batch") or {}).get("step_s") is not None:
         out["fixed_step_s"] = row["fixed_batch"]["step_s"]
     if row.get("train_max_rss_mb"):
         out["train_peak_rank_mb"] = max(row["train_max_rss_mb"])
@@ -95,9 +126,14 @@ def analyse(payload: Mapping[str, Any]) -> dict[str, Any]:
         method = out.setdefault(preset, {}).setdefault(row["method"], {"sizes": {}})
         if row["method"] == "setup":
             for step, figures in row.items():
-                if isinstance(figures, dict) and "seconds" in figures:
+                if not isinstance(figures, dict):
+                    continue
+                at = method["sizes"].setdefault(n, {})
+                if "seconds" in figures:
                     for key in SETUP_QUANTITIES:
-                        method["sizes"].setdefault(n, {})[f"{step}_{key}"] = figures[key]
+                        at[f"{step}_{key}"] = figures[key]
+                elif figures.get("peak_rss_mb"):  # killed: its peak, apart from the fit
+                    at[f"{step}_failed_peak_rss_mb"] = figures["peak_rss_mb"]
             continue
         method["sizes"][n] = {
             **quantities(row),
@@ -148,6 +184,10 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _megabytes(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} MB"
+
+
 def _memory(row: Mapping[str, Any]) -> str:
     peaks = row.get("max_rss_mb") or []
     if not peaks:
@@ -162,6 +202,24 @@ def _breakdown(row: Mapping[str, Any]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:5])
 
 
+def failure(row: Mapping[str, Any]) -> str:
+    """One line on why ``row``'s run failed.
+
+    >>> failure({"error": "... exited with -9; log x:\\nSplit the graph: 57 s"})
+    'killed (SIGKILL, out of memory)'
+    """
+    error = row["error"]
+    peak = re.search(r"at a peak of (\d+) MB", error)
+    step = re.match(r"its (\w+) step failed", error)
+    at = f" at {peak.group(1)} MB" if peak else ""
+    if step:  # a preparation step the method needs
+        return f"no {step.group(1)}: killed for memory{at}"
+    if "signal 9" in error or "exited with -9" in error:
+        return f"killed (SIGKILL, out of memory){at}"
+    lines = [line for line in error.strip().splitlines() if line.strip("- ")]
+    return (lines[-1] if lines else "failed")[:160].replace("|", "/")
+
+
 def _run_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = [
         "| vertices | method | procs (grid) | test acc | train s (steps) | s/step at B/N "
@@ -172,10 +230,11 @@ def _run_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         n = _preset_of(row["size"])[1]
         q = quantities(row)
         if "error" in row:
-            why = row["error"].strip().splitlines()[-1][:160].replace("|", "/")
+            grid = f" ({row['grid']})" if "grid" in row else ""
             lines.append(
-                f"| {n:,} | {row['method']} | {row.get('processes', '')} | failed: {why} | "
-                f"| {_fmt(q.get('step_s'))} | {_fmt(q.get('fixed_step_s'))} | | |"
+                f"| {n:,} | {row['method']} | {row.get('processes', '')}{grid} "
+                f"| failed: {failure(row)} | | {_fmt(q.get('step_s'))} "
+                f"| {_fmt(q.get('fixed_step_s'))} | | |"
             )
             continue
         grid = f" ({row['grid']})" if "grid" in row else ""
@@ -218,7 +277,9 @@ def _setup_table(setup: Mapping[str, Any]) -> list[str]:
     ]
     for n, v in setup["sizes"].items():
         cells = [
-            f"{_fmt(v.get(f'{step}_seconds'))} ({_fmt(v.get(f'{step}_peak_rss_mb'), 4)})"
+            f"{_fmt(v.get(f'{step}_seconds'))} ({_megabytes(v.get(f'{step}_peak_rss_mb'))})"
+            if f"{step}_seconds" in v
+            else f"killed ({_megabytes(v.get(f'{step}_failed_peak_rss_mb'))})"
             for step in ("prepare", "generate", "partition")
         ]
         lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
@@ -234,38 +295,40 @@ def _setup_table(setup: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _label(method: str) -> str:
+    return "scalegnn prepare" if method == "setup" else method
+
+
 def plot(payload: Mapping[str, Any], path: Path) -> None:
-    """One log-log panel per quantity: every method of every preset against vertices."""
+    """One log-log panel per quantity: every method of every preset against vertices, a
+    colour per method and a line style per preset throughout."""
     plt = pyplot()
     analysis = payload["analysis"]
     keys = [*QUANTITIES, "prepare"]
-    fig, axes = plt.subplots(2, 4, figsize=(20, 9))
+    fig, axes = plt.subplots(3, 3, figsize=(18, 14))
     styles = {"sparse": "-", "products-like": "--"}
+    methods = sorted({m for methods in analysis.values() for m in methods})
+    palette = plt.get_cmap("tab10")
+    colours = {method: palette(k % 10) for k, method in enumerate(methods)}
     for ax, key in zip(axes.flat, keys, strict=False):
-        for preset, methods in analysis.items():
-            for method, figures in methods.items():
+        for preset, by_method in analysis.items():
+            for method, figures in by_method.items():
                 quantity = "prepare_seconds" if key == "prepare" else key
                 points = [(n, v[quantity]) for n, v in figures["sizes"].items() if quantity in v]
                 if not points:
                     continue
                 xs, ys = zip(*points, strict=True)
-                label = (
-                    f"{method} ({preset})" if method != "setup" else f"scalegnn prepare ({preset})"
-                )
-                ax.plot(xs, ys, styles.get(preset, ":"), marker="o", label=label)
+                ax.plot(xs, ys, styles.get(preset, ":"), marker="o", color=colours[method])
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("vertices")
-        ax.set_title(QUANTITIES.get(key, "preparation s"))
+        ax.set_title(QUANTITIES.get(key, "scalegnn prepare s (setup row)"))
         ax.grid(True, which="both", alpha=0.3)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    for ax in axes.flat:
-        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label not in labels:
-                handles.append(h)
-                labels.append(label)
-    axes.flat[-1].axis("off")
-    axes.flat[-1].legend(handles, labels, loc="center", fontsize=8)
+    legend = axes.flat[-1]
+    legend.axis("off")
+    handles = [legend.plot([], [], "-", marker="o", color=colours[m], label=m)[0] for m in methods]
+    handles += [legend.plot([], [], ls, color="black", label=p)[0] for p, ls in styles.items()]
+    legend.legend(handles=handles, loc="center", fontsize=10)
     fig.suptitle("make bench-growth: cost against vertices (log-log)")
     fig.tight_layout()
     save_plot(fig, path)
