@@ -1,15 +1,16 @@
 """``make bench-growth``: how a step, an evaluation, memory and preparation grow with N.
 
 The presets of :mod:`benchmarks.scale_presets` at several sizes (default: the sparse
-graph at 1M, 3M and 10M vertices, the products-like graph at 1M), each generated and
-prepared once, then every method in its own process(es), in one run:
+graph at 1M, 3M and 10M vertices, the products-like graph at 1M and at ogbn-products'
+2,449,029), each generated and prepared once, then every method in its own
+process(es), in one run:
 
 ``dgl_scalegnn, 1 process`` / ``, 1x2x2x2`` / ``, <plan grid>``
     ``scalegnn train`` with the preset's 1M config (``yaml/synthetic-1m.yaml``,
     ``yaml/products-like-1m.yaml``) at B = N/100, for a training budget that grows with
     the graph (:data:`BUDGET_PER_MILLION_S` seconds per million vertices), evaluated
-    once at its end; the grid the cost model prefers for 8 CPU ranks
-    (:func:`~dgl_scalegnn.train.plan.rank_grids`) is run too where it is not 1x2x2x2.
+    once at its end; the grid the cost model prefers for 8 CPU ranks on this host
+    (:func:`plan_grid`) is run too where it is not 1x2x2x2.
     At every size above the smallest, also :data:`TIMING_STEPS` steps at the fixed
     B = :data:`FIXED_BATCH` (step time at fixed B).
 ``GraphSAINT-node``
@@ -39,7 +40,8 @@ grows with N and sets the cost model's prediction beside it.
 Environment:
 
 ``SCALEGNN_BENCH_GROWTH_SIZES``
-    ``preset=N,N;preset=N`` (default ``sparse=1000000,3000000,10000000;products-like=1000000``).
+    ``preset=N,N;preset=N`` (default
+    ``sparse=1000000,3000000,10000000;products-like=1000000,2449029``).
 ``SCALEGNN_BENCH_GROWTH_BUDGET``
     Training seconds per million vertices (default 6).
 ``SCALEGNN_BENCH_GROWTH_WORK``
@@ -85,7 +87,7 @@ TIMING_STEPS = 8
 #: here); the cost model counts data and activations only, so predictions add it.
 IMPORT_MB = 384.0
 GRAPHSAGE = {"batch_size": 1024, "fanouts": [10, 10], "lr": 0.01, "dropout": 0.5}
-DEFAULT_SIZES = "sparse=1000000,3000000,10000000;products-like=1000000"
+DEFAULT_SIZES = "sparse=1000000,3000000,10000000;products-like=1000000,2449029"
 METHODS = (
     "dgl_scalegnn, 1 process",
     "dgl_scalegnn, 1x2x2x2",
@@ -357,6 +359,42 @@ def _ours_row(result: Mapping[str, Any], grid: str, batch: int) -> dict[str, Any
     }
 
 
+class ThrashGuard:
+    """A :func:`~benchmarks.bench_scale._run` watch that stops a run which has left the
+    host under ``floor_mb`` of available memory for ``patience`` checks in a row (about
+    half a second apart): without swap, a run that does not fit is not always killed at
+    once, it can evict the mapped graph and re-read it for many minutes instead.
+
+    ``available_mb`` reads the host's available memory (``MemAvailable``).
+    """
+
+    def __init__(
+        self,
+        floor_mb: float = 500.0,
+        patience: int = 30,
+        available_mb: Callable[[], float] | None = None,
+    ) -> None:
+        self.floor_mb, self.patience = floor_mb, patience
+        self.available_mb = available_mb or _available_mb
+        self.low = 0
+        self.stopped = False
+
+    def __call__(self, pid: int) -> None:
+        self.low = self.low + 1 if self.available_mb() < self.floor_mb else 0
+        if self.low >= self.patience and not self.stopped:
+            self.stopped = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, 9)  # the run's own session: mpirun and every rank
+
+
+def _available_mb() -> float:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return float("inf")
+
+
 def _partial(error: bench_scale.BenchScaleError) -> dict[str, Any]:
     """What a failed dgl_scalegnn run measured before it failed: its steps' seconds and,
     if it got there, each rank's peak before the evaluation."""
@@ -389,14 +427,24 @@ def run_ours(
     processes = 1 if grid == "1x1x1x1" else 8
     p = _plan(size, budget_s)
     batch = {"sampling.batch_size": size.batch_size}
+
+    def train(overrides: Mapping[str, Any], steps: int) -> dict[str, Any]:
+        guard = ThrashGuard()
+        try:
+            return bench_scale.run_ours(
+                graph, p, overrides, 0, processes, steps, [steps], log_dir, grid, guard
+            )
+        except bench_scale.BenchScaleError as error:
+            if guard.stopped:
+                error.args = (f"stopped: the host thrashed ({error.args[0]})",)
+            raise
+
     fixed: dict[str, Any] | None = None
     if size.batch_size != FIXED_BATCH:
         try:
-            timing = bench_scale.run_ours(
-                graph, p, {"sampling.batch_size": FIXED_BATCH}, 0, processes,
-                TIMING_STEPS, [TIMING_STEPS], log_dir, grid,
-            )  # fmt: skip
-            fixed = _ours_row(timing, grid, FIXED_BATCH)
+            fixed = _ours_row(
+                train({"sampling.batch_size": FIXED_BATCH}, TIMING_STEPS), grid, FIXED_BATCH
+            )
         except bench_scale.BenchScaleError as error:  # its steps count, if it took them
             partial = _partial(error)
             fixed = {"error": str(error)[-300:], "grid": grid, "batch_size": FIXED_BATCH}
@@ -404,12 +452,8 @@ def run_ours(
                 fixed["step_s"] = partial["step_s_before_failure"]
     try:
         if step_guess_s is None:
-            probe = bench_scale.run_ours(
-                graph, p, batch, 0, processes, TIMING_STEPS, [TIMING_STEPS], log_dir, grid
-            )
-            step_guess_s = probe["steady_step_s"]
-        steps = max(TIMING_STEPS, round(budget_s / step_guess_s))
-        result = bench_scale.run_ours(graph, p, batch, 0, processes, steps, [steps], log_dir, grid)
+            step_guess_s = train(batch, TIMING_STEPS)["steady_step_s"]
+        result = train(batch, max(TIMING_STEPS, round(budget_s / step_guess_s)))
     except bench_scale.BenchScaleError as error:
         failed = {"error": str(error)[-1500:], "grid": grid, "processes": processes}
         return {**failed, **_partial(error), "fixed_batch": fixed}

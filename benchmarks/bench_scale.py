@@ -370,10 +370,12 @@ def run_ours(
     eval_at_steps: Sequence[int],
     log_dir: Path,
     grid: str | None = None,
+    watch: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """``scalegnn train`` on ``processes`` ranks (on ``grid``; by default 1x2x2x2 for 8,
     1x1x1x1 for 1); the common result format plus the engine's own figures (``step_s``,
-    ``seconds`` breakdown, ``max_rss_mb``, per-evaluation ``eval_s``)."""
+    ``seconds`` breakdown, ``max_rss_mb``, per-evaluation ``eval_s``). ``watch`` as
+    for :func:`_run`."""
     grid = grid or (GRID_8 if processes > 1 else "1x1x1x1")
     tag = f"ours-{graph.name}-p{processes}-s{seed}-{len(list(log_dir.glob('ours-*.jsonl')))}"
     metrics = log_dir / f"{tag}.jsonl"
@@ -398,7 +400,7 @@ def run_ours(
         argv = [*_mpirun(processes), *argv]
     threads = max(1, training.machine_cores() // processes)
     try:
-        wall = _run(argv, log_dir / f"{tag}.log", threads, 20 * p.budget_s + 1800)
+        wall = _run(argv, log_dir / f"{tag}.log", threads, 20 * p.budget_s + 1800, watch)
     except BenchScaleError as error:
         error.metrics = metrics  # what the run wrote before it failed
         raise

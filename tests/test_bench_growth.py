@@ -8,10 +8,12 @@ import benchmarks.baselines  # noqa: F401  (before torch: sets OMP_WAIT_POLICY)
 # isort: split
 
 import math
+import sys
+import time
 
 import pytest
 
-from benchmarks import bench_growth, growth_report
+from benchmarks import bench_growth, bench_scale, growth_report
 
 
 def test_sizes_parse_per_preset_smallest_first_and_refuse_unknown_presets() -> None:
@@ -75,3 +77,18 @@ def test_analysis_flags_growth_the_model_does_not_predict_and_keeps_failed_runs(
     # where the model agrees, nothing is flagged
     agree = [_row(1_000_000, method, 1.0, 1.0), _row(4_000_000, method, 4.0, 3.9)]
     assert growth_report.analyse({"rows": agree})["sparse"][method]["disagree"] == []
+
+
+def test_thrash_guard_stops_a_run_that_starves_the_host_and_spares_others(tmp_path) -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    starved = bench_growth.ThrashGuard(floor_mb=500, patience=3, available_mb=lambda: 100.0)
+    start = time.perf_counter()
+    with pytest.raises(bench_scale.BenchScaleError, match="exited with -9"):
+        bench_scale._run(sleeper, tmp_path / "starved.log", 1, 30, starved)
+    assert starved.stopped and time.perf_counter() - start < 15
+    # short dips below the floor are forgiven: the count restarts when memory returns
+    readings = iter([100.0, 100.0, 4000.0] * 10 + [4000.0] * 100)
+    dips = bench_growth.ThrashGuard(500, patience=3, available_mb=lambda: next(readings))
+    quick = [sys.executable, "-c", "import time; time.sleep(3)"]
+    bench_scale._run(quick, tmp_path / "dips.log", 1, 30, dips)
+    assert not dips.stopped
