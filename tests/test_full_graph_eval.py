@@ -21,12 +21,13 @@ from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import Axis, Plane
 from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.data.tiles import release_pages
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.stack import parameter_shards
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.sampling.full_graph import CSRRows, row_chunks
-from dgl_scalegnn.sampling.store import RankStore, release_pages
+from dgl_scalegnn.sampling.store import RankStore
 from tests.helpers import random_dataset, relative_error
 from tests.oracle import assemble
 from tests.ranks import spawn_ranks

@@ -15,6 +15,7 @@ from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, block_range
 from dgl_scalegnn.core.schedule import adjacency_planes, logits_layout
+from dgl_scalegnn.data import tiles as tiles_module
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import (
     open_prepared,
@@ -192,3 +193,25 @@ def test_rank_drops_the_pages_of_what_it_copied_and_keeps_its_views(synthetic_di
     assert np.may_share_memory(whole.features.numpy(), mapped.features)
     assert not any(np.may_share_memory(array, mapped.features) for array in released)
     assert any(np.may_share_memory(array, mapped.adjacency.cols) for array in released)
+
+
+def test_pages_are_dropped_while_reading_not_only_at_the_end(synthetic_dir, monkeypatch):
+    """A rank's peak while loading is its share plus one run or one block of feature rows
+    of mapped pages, not every page its ranges touch: the adjacency's are dropped after
+    each run and a column range's after each block of rows, and the copy is exact."""
+    _, directory = synthetic_dir
+
+    released_in_read: list[np.ndarray] = []
+    monkeypatch.setattr(tiles_module, "release_pages", released_in_read.append)
+    mapped = open_prepared(directory)
+    runs = tiles_module._runs(mapped.adjacency, (0, 150), (0, 300), lambda *a: None)
+    tiles_module.read_block(mapped.adjacency, (0, 150), (0, 300))
+    assert len(released_in_read) == 3 * len(list(runs)) > 3
+    assert any(np.may_share_memory(a, mapped.adjacency.values) for a in released_in_read)
+
+    released_in_copy: list[np.ndarray] = []
+    monkeypatch.setattr(store_module, "release_pages", released_in_copy.append)
+    columns = mapped.features[:50, 1:3]
+    copied = store_module._copy_by_rows(columns, rows=7)
+    assert np.array_equal(copied, np.asarray(columns)) and copied.flags.c_contiguous
+    assert len(released_in_copy) == 8  # ceil(50 / 7) blocks

@@ -12,6 +12,7 @@ the grid shape. (A plain CSR would make it read whole rows: ``Gc`` times its sha
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ __all__ = [
     "index_dtype",
     "BlockRead",
     "read_block",
+    "release_pages",
     "Verify",
     "no_check",
 ]
@@ -143,6 +145,19 @@ def _runs(adjacency: TiledAdjacency, rows: tuple[int, int], cols: tuple[int, int
             )
 
 
+def release_pages(array: np.ndarray) -> None:
+    """Drop this process's resident pages of a memory-mapped ``array`` (no-op otherwise).
+
+    Pages touched through a memory map count in the resident set until unmapped; they
+    stay in the page cache, and are read again if touched. The adjacency arrays are read
+    once to build a rank's blocks, so their pages are dropped run by run
+    (:func:`read_block`), as are those of a copied feature range.
+    """
+    mapping = getattr(array, "_mmap", None)
+    if isinstance(mapping, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
 def read_block(
     adjacency: TiledAdjacency,
     rows: tuple[int, int],
@@ -184,6 +199,8 @@ def read_block(
             parts.append(
                 (local, run_cols[inside], np.asarray(adjacency.values[start:stop])[inside])
             )
+        for array in (adjacency.rows, adjacency.cols, adjacency.values):
+            release_pages(array)  # what the run kept is copied: its pages may go
     indptr = np.zeros(num_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
     indices = np.empty(int(indptr[-1]), dtype=adjacency.cols.dtype)
