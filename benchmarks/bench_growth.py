@@ -72,6 +72,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch starts its t
 from benchmarks import bench_scale, growth_report, scale_presets
 from benchmarks.baselines import distdgl, training
 from benchmarks.common import write_results
+from benchmarks.peak_memory import vm_hwm_mb
 
 __all__ = ["GrowthSize", "growth_sizes", "METHODS", "main"]
 
@@ -145,10 +146,8 @@ def _measured(argv_module: list[str], log: Path, threads: int, timeout_s: float)
     seen = {"peak_rss_mb": 0.0}
 
     def watch(pid: int) -> None:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    seen["peak_rss_mb"] = max(seen["peak_rss_mb"], int(line.split()[1]) / 1024)
+        with contextlib.suppress(OSError):  # gone between two checks
+            seen["peak_rss_mb"] = max(seen["peak_rss_mb"], vm_hwm_mb(pid))
 
     try:
         seconds = bench_scale._run(argv, log, threads, timeout_s, watch)
@@ -299,37 +298,38 @@ def plan_grid(graph: bench_scale.Graph, batch_size: int) -> str:
     memory, so each gets an eighth: at 10M vertices the per-core view ranks 8x1x1x1
     (every rank the whole graph) first, which thrashed this host.
     """
-    from dgl_scalegnn.config import load_config
     from dgl_scalegnn.train.defaults import available_bytes
-    from dgl_scalegnn.train.plan import machine, rank_grids, workload
+    from dgl_scalegnn.train.plan import machine, rank_grids
+
+    spec = dataclasses.replace(
+        machine("cpu", 8), per_node=8, rank_memory=available_bytes("cpu", local_ranks=8)
+    )
+    return str(rank_grids(_workload(graph, batch_size, spec), 8, spec, tf32=False)[0].grid)
+
+
+def _workload(graph: bench_scale.Graph, batch_size: int, spec):
+    """The cost model's workload of ``graph``'s config at ``batch_size`` on ``spec``."""
+    from dgl_scalegnn.config import load_config
+    from dgl_scalegnn.train.plan import workload
 
     cfg = load_config(
         ROOT / graph.config_file,
         [f"data.prepared={graph.prepared}", f"sampling.batch_size={batch_size}"],
     )
-    spec = dataclasses.replace(
-        machine("cpu", 8), per_node=8, rank_memory=available_bytes("cpu", local_ranks=8)
-    )
-    work, _, _ = workload(cfg, spec)
-    return str(rank_grids(work, 8, spec, tf32=False)[0].grid)
+    return workload(cfg, spec)[0]
 
 
 def predict(graph: bench_scale.Graph, grid: str, batch_size: int) -> dict[str, float]:
     """The cost model's step seconds, evaluation seconds and bytes of rank 0 for a run of
     ``graph`` on ``grid`` at ``batch_size`` (CPU ranks like this machine's)."""
-    from dgl_scalegnn.config import load_config
     from dgl_scalegnn.core.grid_shape import GridShape
     from dgl_scalegnn.perfmodel import eval_time, memory_bytes, step_time
     from dgl_scalegnn.sampling.full_graph import default_chunk_rows
-    from dgl_scalegnn.train.plan import machine, workload
+    from dgl_scalegnn.train.plan import machine
 
     shape = GridShape.parse(grid)
     spec = machine("cpu", shape.world_size)
-    cfg = load_config(
-        ROOT / graph.config_file,
-        [f"data.prepared={graph.prepared}", f"sampling.batch_size={batch_size}"],
-    )
-    work, _, _ = workload(cfg, spec)
+    work = _workload(graph, batch_size, spec)
     hardware = spec.hardware(shape, tf32=False)
     rank_mb = IMPORT_MB + sum(memory_bytes(work, shape).values()) / 1e6
     return {
@@ -388,11 +388,10 @@ class ThrashGuard:
 
 
 def _available_mb() -> float:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024
-    return float("inf")
+    """The host's available memory (``MemAvailable``), in MB."""
+    from dgl_scalegnn.train.defaults import available_bytes
+
+    return available_bytes("cpu") / 2**20
 
 
 def _partial(error: bench_scale.BenchScaleError) -> dict[str, Any]:
@@ -404,12 +403,11 @@ def _partial(error: bench_scale.BenchScaleError) -> dict[str, Any]:
         return {}
     events = read_metrics(error.metrics)
     steps = [e for e in events if e["event"] == "step"][1:]  # the first: warm-up
-    evals = [e for e in events if e["event"] == "eval"]
     partial: dict[str, Any] = {}
     if steps:
         partial["step_s_before_failure"] = sum(e["step_s"] for e in steps) / len(steps)
-    if evals:
-        partial["train_max_rss_mb"] = evals[0]["max_rss_mb_before"]
+    if (peak := bench_scale.train_peak_mb(events)) is not None:
+        partial["train_max_rss_mb"] = peak
     return partial
 
 

@@ -434,12 +434,15 @@ def run_ours(
         "steady_step_s": sum(e["step_s"] for e in steps[1:]) / max(1, len(steps) - 1),
         "seconds_per_step_breakdown": breakdown,
         "max_rss_mb": summary["max_rss_mb"],
-        # peak of each rank before the first evaluation: training's alone
-        "train_max_rss_mb": next(
-            (e["max_rss_mb_before"] for e in events if e["event"] == "eval"), None
-        ),
+        "train_max_rss_mb": train_peak_mb(events),
         "wall_s": wall,
     }
+
+
+def train_peak_mb(events: Sequence[Mapping[str, Any]]) -> list[float] | None:
+    """Each rank's peak before the run's first evaluation (training's alone), where the
+    metrics ``events`` reached one."""
+    return next((e["max_rss_mb_before"] for e in events if e["event"] == "eval"), None)
 
 
 # ---------------------------------------------------------------- peers

@@ -15,13 +15,13 @@ import sys
 from pathlib import Path
 
 
-def vm_hwm_mb() -> float:
-    """This process's peak resident set (``VmHWM``), in MB."""
-    with open("/proc/self/status") as status:
+def vm_hwm_mb(pid: int | str = "self") -> float:
+    """The peak resident set (``VmHWM``) of process ``pid`` (this one by default), in MB."""
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024.0
-    raise OSError("no VmHWM in /proc/self/status")
+    raise OSError(f"no VmHWM in /proc/{pid}/status")
 
 
 def main(argv: list[str]) -> int:
