@@ -10,7 +10,8 @@ function each parallel operator has beside it (composed by the model's layers);
 part of ``n`` vertices holds ``B n / N`` rows in expectation.
 :func:`step_time` turns payloads and flops into seconds for a :class:`Hardware`
 (ring all-reduce: :math:`2 (g-1)/g \\cdot b / \\beta + 2 (g-1) \\alpha`), and
-:func:`memory_bytes` predicts what a rank holds.
+:func:`memory_bytes` predicts what a rank holds, the evaluation's whole-graph
+matrices included.
 
 A full-graph evaluation runs in row chunks, each with its own collectives:
 :func:`eval_stages` lists them per chunk and stage, :func:`eval_bytes` sums them, and
@@ -51,7 +52,12 @@ from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import conv_layer, parameter_shards
 from dgl_scalegnn.parallel.data_parallel import average_gradients_cost
-from dgl_scalegnn.sampling.full_graph import ChunkMemory, chunk_count
+from dgl_scalegnn.sampling.full_graph import (
+    ChunkMemory,
+    buffer_peak,
+    chunk_count,
+    default_chunk_rows,
+)
 from dgl_scalegnn.sampling.uniform import UniformSampler
 
 __all__ = [
@@ -69,6 +75,8 @@ __all__ = [
     "eval_time",
     "eval_seconds",
     "eval_chunk_rows",
+    "eval_buffer_bytes",
+    "eval_memory_bytes",
 ]
 
 _FLOAT = 4
@@ -419,11 +427,11 @@ def eval_seconds(work: Workload, shape: GridShape, hardware: Hardware, chunk_row
     )
 
 
-def eval_chunk_rows(work: Workload, shape: GridShape, free_bytes: float) -> int:
-    """Chunk rows the GPU rule (:meth:`~dgl_scalegnn.sampling.full_graph.ChunkMemory.rows_within`)
-    gives a rank of ``shape`` with ``free_bytes`` free on its device (float32 features,
-    int32 indices)."""
-    me = _Rank(work, shape, shape.coords(0))
+def _chunk_memory(work: Workload, shape: GridShape, rank: int = 0) -> ChunkMemory:
+    """What an evaluation's chunks take on ``rank`` (float32 features, int32 indices):
+    :class:`~dgl_scalegnn.sampling.full_graph.ChunkMemory` beside the whole-graph
+    matrices of :func:`eval_buffer_bytes`."""
+    me = _Rank(work, shape, shape.coords(rank))
     n = work.num_nodes
     entries_per_row = max(
         work.nnz * me.rows(plane.cols, n) / n**2
@@ -431,16 +439,72 @@ def eval_chunk_rows(work: Workload, shape: GridShape, free_bytes: float) -> int:
     )
     narrowest_split = min(shape.size(axis) for axis in Axis)
     widths = (work.in_features, work.hidden, work.num_classes)
-    memory = ChunkMemory.of(
+    return ChunkMemory.of(
         widest_cols=max(math.ceil(width / narrowest_split) for width in widths),
-        local_rows=max(math.ceil(n / shape.size(axis)) for axis in Axis),
         entries_per_row=entries_per_row,
+        reserved_bytes=eval_buffer_bytes(work, shape, rank),
     )
-    return memory.rows_within(free_bytes)
+
+
+def eval_chunk_rows(work: Workload, shape: GridShape, free_bytes: float) -> int:
+    """Chunk rows the GPU rule (:meth:`~dgl_scalegnn.sampling.full_graph.ChunkMemory.rows_within`)
+    gives a rank of ``shape`` with ``free_bytes`` free on its device (float32 features,
+    int32 indices)."""
+    return _chunk_memory(work, shape).rows_within(free_bytes)
+
+
+def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
+    """Peak bytes of the whole-graph matrices a full-graph evaluation holds on ``rank``
+    (:func:`~dgl_scalegnn.sampling.full_graph.buffer_peak` of the first layer's input
+    and each layer's output, float32): on one TP rank the first layer reads the
+    features in place and projects its aggregation; elsewhere the input (projected or
+    moved to the first layer's layout) is a matrix of its own.
+
+    >>> from dgl_scalegnn.distributed.grid import GridShape
+    >>> from dgl_scalegnn.config import ModelConfig
+    >>> work = Workload(num_nodes=1000, nnz=11_000, batch_size=100, in_features=64,
+    ...                 num_classes=8, model=ModelConfig(hidden=128, layers=2))
+    >>> eval_buffer_bytes(work, GridShape.parse("1x1x1x1"))  # (1000 x 128) + (1000 x 8)
+    544000.0
+    >>> eval_buffer_bytes(work, GridShape.parse("1x2x2x2"))  # 2 x (500 x 64)
+    256000.0
+    """
+    cfg, me = work.model, _whole_graph(work, shape, rank)
+    one_tp_rank = shape.tp_size == 1
+    projected = cfg.input_projection and not (one_tp_rank and cfg.layers)
+    first = INPUT_LAYOUT.after_linear()
+
+    def size(layout: Layout, width: int) -> float:
+        return me.rows(layout.rows) * me.cols(width, layout.cols) * _FLOAT
+
+    sizes = [size(first, cfg.hidden if projected else work.in_features)]
+    if not cfg.layers:  # the head on the whole input
+        sizes.append(size(first.after_linear(), work.num_classes))
+    kind = conv_layer(cfg).kind
+    for layout, widths in zip(
+        layer_layouts(cfg.layers, kind), layer_widths(cfg, work.in_features, work.num_classes)
+    ):
+        out, width = kind.output_layout(layout), widths.width_out
+        if widths.index == cfg.layers - 1 and cfg.head:
+            out, width = out.after_linear(), work.num_classes
+        sizes.append(size(out, width))
+    return buffer_peak(sizes, input_owned=not (one_tp_rank and not projected))
+
+
+def eval_memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
+    """Bytes a full-graph evaluation adds on ``rank``: its whole-graph matrices
+    (:func:`eval_buffer_bytes`) and one chunk's temporaries at the CPU's chunk rows
+    (:func:`~dgl_scalegnn.sampling.full_graph.default_chunk_rows`; a GPU sizes its
+    chunks to what is free)."""
+    memory = _chunk_memory(work, shape, rank)
+    return memory.reserved_bytes + default_chunk_rows(shape.tp_size) * memory.row_bytes
 
 
 def memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> dict[str, float]:
-    """Bytes a rank holds: graph share, model state, and one step's batch and activations."""
+    """Bytes a rank holds at its peak: graph share, model state, one step's batch and
+    activations, and ``evaluation``: what a full-graph evaluation
+    (:func:`eval_memory_bytes`) needs beyond the step's batch and activations, whose
+    memory it reuses."""
     me = _Rank(work, shape, shape.coords(rank))
     n = work.num_nodes
     graph = 0.0
@@ -458,4 +522,11 @@ def memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> dict[str, f
         batch += work.batch_nnz * me.rows(plane.rows, 1) * me.rows(plane.cols, 1) * 2 * (8 + _FLOAT)
         per_layer = me.rows(state.rep) * me.cols(work.hidden, state.rows) * _FLOAT
         activations += 6 * per_layer  # saved for backward: H, C, norm input, masks, residual
-    return {"graph": graph, "model": model, "batch": batch, "activations": activations}
+    evaluation = max(0.0, eval_memory_bytes(work, shape, rank) - batch - activations)
+    return {
+        "graph": graph,
+        "model": model,
+        "batch": batch,
+        "activations": activations,
+        "evaluation": evaluation,
+    }

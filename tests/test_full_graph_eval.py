@@ -2,7 +2,8 @@
 
 Oracles: DGL's reference model on the whole normalised graph (dense-free, one process)
 with the trained weights gathered from the ranks, and, on every rank, the training
-forward on a whole-graph batch (the evaluation it replaces). N = 97 and chunks of 7 rows
+forward on a whole-graph batch (the evaluation it replaces); the cost model's count of
+the evaluation's whole-graph matrices on every rank. N = 97 and chunks of 7 rows
 split unevenly over every grid axis; the last chunk of a part is short and some parts
 run empty chunks.
 """
@@ -25,6 +26,7 @@ from dgl_scalegnn.data.tiles import release_pages
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.stack import parameter_shards
+from dgl_scalegnn.perfmodel import Workload, eval_buffer_bytes
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.sampling.full_graph import CSRRows, row_chunks
 from dgl_scalegnn.sampling.store import RankStore
@@ -155,12 +157,23 @@ def test_layerwise_evaluation_matches_whole_graph(grid, prepared, tmp_path):
     for name, model in VARIANTS.items():
         records = [torch.load(tmp_path / f"rank{r}_{name}.pt") for r in range(shape.world_size)]
         shards = parameter_shards(ModelConfig(**model), GRAPH["num_features"], GRAPH["num_classes"])
+        work = Workload(
+            num_nodes=GRAPH["num_nodes"],
+            nnz=prepared.meta.nnz,
+            batch_size=61,
+            in_features=GRAPH["num_features"],
+            num_classes=GRAPH["num_classes"],
+            model=ModelConfig(**model),
+        )
         for record in records:
             record["coords"] = Coords(*record["coords"])
             # the layer-wise forward against the one it replaces, on every rank
             assert relative_error(record["logits"], record["batch_logits"]) < TOLERANCE
             assert record["counts"] == record["batch_counts"]
             assert record["accuracy"] == records[0]["accuracy"]
+            # the cost model's whole-graph matrices are the ones the evaluation makes
+            rank = shape.rank_of(record["coords"])
+            assert record["buffer_bytes"] == eval_buffer_bytes(work, shape, rank), rank
         params = {
             n: assemble(
                 records,

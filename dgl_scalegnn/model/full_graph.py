@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -32,16 +33,71 @@ from dgl_scalegnn.sampling.full_graph import (
     ChunkMemory,
     FullGraph,
     RowChunk,
+    buffer_peak,
     chunk_count,
     chunk_rows_for,
     csr_row_chunks,
     row_chunks,
 )
 
-__all__ = ["EVAL_STEP", "full_graph_forward", "full_graph_chunk_rows"]
+__all__ = [
+    "EVAL_STEP",
+    "full_graph_forward",
+    "full_graph_chunk_rows",
+    "full_graph_memory",
+    "full_graph_buffer_bytes",
+]
 
 #: Step key of full-graph evaluation (no dropout, so it only has to be some integer).
 EVAL_STEP = -1
+
+
+@dataclass(frozen=True)
+class _Buffers:
+    """The whole-graph matrices of an evaluation, as specs: ``first`` the first layer's
+    input (``owned``: made by the evaluation, not the features read in place) and
+    ``outputs`` each layer's output (the last one the head's logits, where there is a
+    head; the head's alone for a model without graph layers)."""
+
+    first: ShardSpec
+    owned: bool
+    outputs: tuple[ShardSpec, ...]
+    fold: bool  # the first layer projects its aggregation (one TP rank)
+
+
+def _buffers(model: ParallelScaleGNN, graph: FullGraph) -> _Buffers:
+    cfg, grid = model.cfg, model.runtime.grid
+    one_tp_rank = grid.shape.tp_size == 1
+    fold = one_tp_rank and cfg.input_projection and bool(model.layers)
+    projected = cfg.input_projection and not fold
+    width = cfg.hidden if projected else model.in_features
+    spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, width)
+    outputs = []
+    if not model.layers:  # the head on the whole input
+        outputs.append(spec.with_layout(spec.layout.after_linear(), model.num_classes))
+    out_spec = spec
+    for layer in model.layers:
+        out_spec = out_spec.with_layout(
+            layer.kind.output_layout(out_spec.layout), layer.widths.width_out
+        )
+        outputs.append(out_spec)
+    if model.layers and model.head is not None:  # rows stay, classes along the head's columns
+        outputs[-1] = out_spec.with_layout(out_spec.layout.after_linear(), model.num_classes)
+    return _Buffers(spec, not (one_tp_rank and not projected), tuple(outputs), fold)
+
+
+def full_graph_buffer_bytes(model: ParallelScaleGNN, graph: FullGraph) -> int:
+    """Peak bytes of the whole-graph matrices :func:`full_graph_forward` holds on this rank
+    at once (:func:`~dgl_scalegnn.sampling.full_graph.buffer_peak`): a layer's input and
+    output, beside the features and the adjacency the rank keeps anyway."""
+    grid = model.runtime.grid
+    buffers = _buffers(model, graph)
+    element = graph.features.element_size()
+    sizes = [
+        math.prod(spec.local_shape(grid.shape, grid.coords)) * element
+        for spec in (buffers.first, *buffers.outputs)
+    ]
+    return int(buffer_peak(sizes, input_owned=buffers.owned))
 
 
 @torch.no_grad()
@@ -56,39 +112,34 @@ def full_graph_forward(
         raise RuntimeError("full-graph evaluation: call model.eval() first")
     if chunk_rows is None:
         chunk_rows = full_graph_chunk_rows(model, graph)
-    cfg, grid = model.cfg, model.runtime.grid
+    buffers = _buffers(model, graph)
+    spec = buffers.first
 
     def project(chunk: RowChunk) -> torch.Tensor:
         chunk_spec = ShardSpec(INPUT_LAYOUT, chunk.rows, model.in_features)
         features = graph.features[chunk.start : chunk.stop]
         return model.input_layer(features, chunk_spec, EVAL_STEP)[0]
 
-    one_tp_rank = grid.shape.tp_size == 1
-    fold = one_tp_rank and cfg.input_projection and bool(model.layers)
-    projected = cfg.input_projection and not fold
-    width = cfg.hidden if projected else model.in_features
-    spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, width)
-    if one_tp_rank and not projected:
-        hidden = graph.features  # every layout is the whole matrix: no copy
-    else:
+    if buffers.owned:
         hidden = _by_row_chunks(model, spec, chunk_rows, graph.features.dtype, project)
+    else:
+        hidden = graph.features  # every layout is the whole matrix: no copy
     if not model.layers:
         return model.head(hidden, spec)
-    projection = model.input_layer if fold else None
-    for layer in model.layers:
+    projection = model.input_layer if buffers.fold else None
+    for layer, out_spec in zip(model.layers, buffers.outputs):
         head = model.head if layer is model.layers[-1] else None
         # the layer's input is freed once its output is complete
-        hidden, spec = _layer(model, graph, layer, hidden, spec, chunk_rows, head, projection)
-        projection = None
+        hidden = _layer(model, graph, layer, hidden, spec, out_spec, chunk_rows, head, projection)
+        spec, projection = out_spec, None
     return hidden, spec
 
 
-def full_graph_chunk_rows(model: ParallelScaleGNN, graph: FullGraph) -> int:
-    """Output rows per chunk and rank for evaluating ``graph`` on its device
-    (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for`, with the
+def full_graph_memory(model: ParallelScaleGNN, graph: FullGraph) -> ChunkMemory:
+    """What evaluating ``graph`` takes on this rank: the
     :class:`~dgl_scalegnn.sampling.full_graph.ChunkMemory` of the model's widths and the
-    graph's entries per row)."""
-    grid = model.runtime.grid
+    graph's entries per row, beside the whole-graph matrices
+    (:func:`full_graph_buffer_bytes`)."""
     entries_per_row, entry_bytes = max(
         (
             (
@@ -99,18 +150,24 @@ def full_graph_chunk_rows(model: ParallelScaleGNN, graph: FullGraph) -> int:
         ),
         default=(0.0, 0),
     )
-    shape = grid.shape
-    ranges = (graph.rows.range(axis, grid.coords.along(axis)) for axis in Axis)
+    shape = model.runtime.grid.shape
     narrowest_split = min(shape.size(axis) for axis in Axis)  # columns split along one
     widths = (model.in_features, model.cfg.hidden, model.num_classes)
-    memory = ChunkMemory.of(
+    return ChunkMemory.of(
         widest_cols=max(math.ceil(width / narrowest_split) for width in widths),
-        local_rows=max(stop - start for start, stop in ranges),
         entries_per_row=entries_per_row,
+        reserved_bytes=full_graph_buffer_bytes(model, graph),
         element_bytes=graph.features.element_size(),
         entry_bytes=entry_bytes,
     )
-    return chunk_rows_for(graph.features.device, shape.tp_size, memory)
+
+
+def full_graph_chunk_rows(model: ParallelScaleGNN, graph: FullGraph) -> int:
+    """Output rows per chunk and rank for evaluating ``graph`` on its device
+    (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for` with
+    :func:`full_graph_memory`)."""
+    tp_size = model.runtime.grid.shape.tp_size
+    return chunk_rows_for(graph.features.device, tp_size, full_graph_memory(model, graph))
 
 
 def _layer(
@@ -119,18 +176,19 @@ def _layer(
     layer: GraphLayer,
     layer_input: torch.Tensor,
     spec: ShardSpec,
+    out_spec: ShardSpec,
     chunk_rows: int,
     head: Head | None,
     projection: InputProjection | None,
-) -> tuple[torch.Tensor, ShardSpec]:
+) -> torch.Tensor:
     """``layer`` (then ``head``, if given) on the whole graph, one chunk of output rows
-    at a time; with ``projection`` the layer input is the projection of ``layer_input``
+    at a time, into a matrix of ``out_spec``; with ``projection`` the layer input is the
+    projection of ``layer_input``
     (see :meth:`~dgl_scalegnn.model.convs.base.GraphLayer.forward`)."""
     grid = model.runtime.grid
     coords = grid.coords
     layout = spec.layout
     input_start = graph.rows.range(layout.rows, coords.along(layout.rows))[0]
-    out_spec = spec.with_layout(layer.kind.output_layout(layout), layer.widths.width_out)
     count = chunk_count(spec.rows.num_nodes, grid.shape.size(out_spec.layout.rows), chunk_rows)
     adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count)
 
@@ -140,12 +198,10 @@ def _layer(
         input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
         own_rows = chunk.rows_of(layer_input, layout.rows, coords, input_start)
         adjacency = adjacency_chunks[chunk.index]
-        out, out_spec = layer(layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection)
-        return out if head is None else head(out, out_spec)[0]
+        out, layer_spec = layer(layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection)
+        return out if head is None else head(out, layer_spec)[0]
 
-    if head is not None:  # rows stay, classes along the head's output columns
-        out_spec = out_spec.with_layout(out_spec.layout.after_linear(), head.num_classes)
-    return _by_row_chunks(model, out_spec, chunk_rows, layer_input.dtype, compute), out_spec
+    return _by_row_chunks(model, out_spec, chunk_rows, layer_input.dtype, compute)
 
 
 def _by_row_chunks(

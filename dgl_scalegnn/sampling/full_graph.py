@@ -49,6 +49,7 @@ __all__ = [
     "FREE_MEMORY_SHARE",
     "CHUNK_TEMPORARIES",
     "ChunkMemory",
+    "buffer_peak",
     "default_chunk_rows",
     "chunk_rows_for",
 ]
@@ -95,22 +96,22 @@ class ChunkMemory:
     def of(
         cls,
         widest_cols: int,
-        local_rows: int,
         entries_per_row: float,
+        reserved_bytes: float,
         element_bytes: int = 4,
         entry_bytes: int = 8,
     ) -> ChunkMemory:
         """A chunk's temporaries: :data:`CHUNK_TEMPORARIES` rows of the widest local shard
         (``widest_cols`` of the features', hidden or classes' columns on this rank) per
         output row, plus the copy of its CSR rows' entries (``entry_bytes`` each: index and
-        value); the buffers set aside are a layer's input and output, ``local_rows`` rows
-        of ``widest_cols`` each.
+        value); set aside: ``reserved_bytes`` of whole-graph matrices (a layer's input and
+        output, :func:`buffer_peak`).
 
-        >>> ChunkMemory.of(widest_cols=128, local_rows=1000, entries_per_row=10.0)
+        >>> ChunkMemory.of(widest_cols=128, entries_per_row=10.0, reserved_bytes=1024000)
         ChunkMemory(row_bytes=4176.0, reserved_bytes=1024000)
         """
         row_bytes = CHUNK_TEMPORARIES * widest_cols * element_bytes + entries_per_row * entry_bytes
-        return cls(row_bytes, 2 * local_rows * widest_cols * element_bytes)
+        return cls(row_bytes, reserved_bytes)
 
     def rows_within(self, free_bytes: float) -> int:
         """Rows per chunk whose temporaries fit :data:`FREE_MEMORY_SHARE` of what
@@ -123,6 +124,20 @@ class ChunkMemory:
         """
         budget = FREE_MEMORY_SHARE * (free_bytes - self.reserved_bytes)
         return max(MIN_CHUNK_ROWS, int(budget // self.row_bytes))
+
+
+def buffer_peak(sizes: Sequence[float], input_owned: bool) -> float:
+    """Peak bytes of the whole-graph matrices of a layer-wise forward, whose ``sizes`` are
+    the first layer's input then each layer's output: a layer holds its input and its
+    output at once (the input is freed when the output is complete); the first input
+    counts only where the forward made it (``input_owned``), not where it reads the
+    features in place.
+
+    >>> buffer_peak([100, 40, 8], input_owned=True), buffer_peak([100, 40, 8], input_owned=False)
+    (140, 48)
+    """
+    held = [sizes[0] if input_owned else 0, *sizes[1:-1]]
+    return max(given + made for given, made in zip(held, sizes[1:]))
 
 
 def chunk_rows_for(device: torch.device | str, tp_size: int, memory: ChunkMemory) -> int:

@@ -151,7 +151,7 @@ def agreed_available_bytes(device: torch.device | str = "cpu", local_ranks: int 
     """:func:`available_bytes`, the least over every rank (one all-reduce), so that every
     rank derives the same settings."""
     mine = available_bytes(device, local_ranks)
-    mine = torch.tensor([float(mine)], device=torch.device(device))
+    mine = torch.tensor([float(mine)], dtype=torch.float64, device=torch.device(device))
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(mine, op=dist.ReduceOp.MIN)
     return int(mine.item())

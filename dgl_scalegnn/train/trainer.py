@@ -28,7 +28,11 @@ from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.model.full_graph import full_graph_forward
+from dgl_scalegnn.model.full_graph import (
+    full_graph_chunk_rows,
+    full_graph_forward,
+    full_graph_memory,
+)
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind
@@ -43,6 +47,7 @@ from dgl_scalegnn.train.checkpoint import (
     save_checkpoint,
     set_aside_nonfinite,
 )
+from dgl_scalegnn.train.defaults import agreed_available_bytes
 from dgl_scalegnn.train.heap import (
     HeapGrowthBound,
     release_free_heap,
@@ -324,6 +329,44 @@ class Trainer:
         )
 
     # ---------------------------------------------------------------- evaluation
+    def check_evaluation_fits(self, local_ranks: int = 1) -> None:
+        """Refuse, before the first step, a run whose full-graph evaluation cannot fit:
+        its whole-graph matrices and one chunk's temporaries
+        (:func:`~dgl_scalegnn.model.full_graph.full_graph_memory`) against the memory each
+        rank has (a GPU's free memory, or the host's shared by its ``local_ranks``
+        ranks). Every rank compares the same figures (the most any rank needs, the least
+        any has: two all-reduces), so all stop together or none does.
+
+        Raises
+        ------
+        ConfigError
+            The evaluation needs more than a rank has: it would be killed for memory at
+            its first round, after all the training before it.
+        """
+        graph = self.store.full_graph()
+        memory = full_graph_memory(self.model, graph)
+        chunk_rows = full_graph_chunk_rows(self.model, graph)
+        need = memory.reserved_bytes + chunk_rows * memory.row_bytes
+        most = _maximum(torch.tensor([float(need)], dtype=torch.float64, device=self.device))
+        need = float(most.item())  # every rank is here: the memory below is after loading
+        available = agreed_available_bytes(self.device, local_ranks)
+        if need <= available:
+            return
+        where = (
+            "its GPU"
+            if self.device.type == "cuda"
+            else f"each of the {local_ranks} ranks sharing its host's available memory"
+        )
+        raise ConfigError(
+            f"parallel.grid {self.grid.shape}: a full-graph evaluation needs "
+            f"{need / 1e9:.2f} GB a rank beside what the rank holds (a layer's input and "
+            f"output over all {self.store.num_nodes:,} vertices, and one chunk of "
+            f"{chunk_rows:,} rows), but {where} has {available / 1e9:.2f} GB: the run would "
+            "be killed for memory at its first evaluation. Give each rank more memory "
+            "(fewer ranks a host, or larger hosts), or use a grid whose ranks hold smaller "
+            "shares (scalegnn plan ranks the grids by memory)"
+        )
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Full-graph accuracy per split (a layer-wise distributed forward in row chunks)."""

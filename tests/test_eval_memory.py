@@ -1,0 +1,96 @@
+"""A run whose full-graph evaluation cannot fit is refused before its first step.
+
+Oracle: the cost model's count of what an evaluation adds on a rank
+(:func:`~dgl_scalegnn.perfmodel.eval_memory_bytes`: its whole-graph matrices and one
+chunk's temporaries, derived from the layouts alone). The shortage is injected by giving
+the ranks that much available memory, a byte less, or (on one rank of four) almost none.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+import yaml
+from dgl_scalegnn.config import ConfigError, config_from_mapping
+from dgl_scalegnn.core.grid_shape import GridShape
+from dgl_scalegnn.data.datasets import load_dataset
+from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
+from dgl_scalegnn.perfmodel import Workload, eval_memory_bytes
+from dgl_scalegnn.train import defaults
+from dgl_scalegnn.train.metrics import read_metrics
+from dgl_scalegnn.train.run import run_training
+from tests.ranks import spawn_ranks
+
+CONFIG = {
+    "data": {"name": "synthetic", "synthetic": {"num_nodes": 3000, "num_features": 16}},
+    "model": {"hidden": 32, "layers": 2},
+    "sampling": {"batch_size": 300},
+    "train": {"epochs": 1, "max_steps": 2, "progress": False},
+}
+
+
+def _oracle(grid: str) -> float:
+    cfg = config_from_mapping(CONFIG)
+    meta = prepare_in_memory(load_dataset(cfg.data), cfg.data.permutation_seed).meta
+    work = Workload(
+        num_nodes=meta.num_nodes,
+        nnz=meta.nnz,
+        batch_size=cfg.sampling.batch_size,
+        in_features=meta.num_features,
+        num_classes=meta.num_classes,
+        model=cfg.model,
+    )
+    shape = GridShape.parse(grid)
+    return max(eval_memory_bytes(work, shape, rank) for rank in range(shape.world_size))
+
+
+def _give(monkeypatch, available: int) -> None:
+    monkeypatch.setattr(defaults, "available_bytes", lambda device="cpu", local_ranks=1: available)
+
+
+def test_one_process_runs_with_just_enough_and_is_refused_a_byte_short(monkeypatch, tmp_path):
+    need = _oracle("1x1x1x1")
+    _give(monkeypatch, math.ceil(need))
+    summary = run_training(config_from_mapping(CONFIG), str(tmp_path / "enough.jsonl"))
+    assert summary["steps"] == 2
+
+    _give(monkeypatch, math.floor(need) - 1)
+    path = tmp_path / "short.jsonl"
+    with pytest.raises(ConfigError) as refused:
+        run_training(config_from_mapping(CONFIG), str(path))
+    message = str(refused.value)
+    assert "a full-graph evaluation needs" in message
+    assert f"{need / 1e9:.2f} GB a rank" in message and "killed for memory" in message
+    assert not [e for e in read_metrics(path) if e["event"] == "step"]  # before any step
+
+
+def test_every_rank_stops_when_one_rank_is_short(tmp_path):
+    """Rank 2's host has 1 MB available: all four ranks are refused at once, none hangs in
+    a collective, none trains. As for any bad input in a running job, the rank whose
+    refusal stopped the job says it and exits 2; the others follow with the watchdog's
+    code, silently."""
+    grid = "1x2x2x1"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    metrics = tmp_path / "metrics.jsonl"
+    argv = ["train", "--config", str(config), "--grid", grid, "--metrics", str(metrics)]
+    started = time.monotonic()
+    results = spawn_ranks(
+        4,
+        "tests.workers.short_of_memory:main",
+        [argv, 2, 2**20],
+        tmp_path / "ranks",
+        expect_failure=True,
+        timeout=120,
+    )
+    assert time.monotonic() - started < 60
+    codes = sorted(code for code, _ in results)
+    assert codes == [2, ABORT_EXIT_CODE, ABORT_EXIT_CODE, ABORT_EXIT_CODE], results
+    said = next(output for code, output in results if code == 2)
+    assert f"scalegnn: error: parallel.grid {grid}: a full-graph evaluation needs" in said
+    assert f"{_oracle(grid) / 1e9:.2f} GB a rank" in said
+    assert not [e for e in read_metrics(metrics) if e["event"] == "step"]
