@@ -268,11 +268,15 @@ class TrainConfig:
     many seconds, and a time to target rounded up to whole epochs says little): every
     ``eval_every_steps`` steps and after each step count in ``eval_at_steps`` (a list,
     e.g. log-spaced to read a time to target within a constant factor with few
-    evaluations); always after the last step. ``progress``: on a terminal, a bar of
-    the steps on stderr (the console's lines print above it).
+    evaluations); always after the last step. ``evaluate: false`` trains without any
+    full-graph evaluation (where the ranks' memory cannot hold one: evaluate a checkpoint
+    later on a grid that can, by resuming it there with ``max_steps`` at its step).
+    ``progress``: on a terminal, a bar of the steps on stderr (the console's lines print
+    above it).
     """
 
     epochs: int = 20
+    evaluate: bool = True
     eval_every: int = 1
     eval_every_steps: int | None = None
     eval_at_steps: tuple[int, ...] = ()
@@ -552,6 +556,11 @@ def check_config(cfg: Config) -> None:
     if cfg.optim.warmup_steps < 0:
         raise ConfigError(
             f"optim.warmup_steps: got {cfg.optim.warmup_steps}; give 0 (no warm-up) or more"
+        )
+    if cfg.train.target_acc is not None and not cfg.train.evaluate:
+        raise ConfigError(
+            f"train.target_acc: {cfg.train.target_acc} is checked at evaluations, but "
+            "train.evaluate: false runs none; unset one of them"
         )
     if cfg.train.target_acc is not None and not 0.0 < cfg.train.target_acc <= 1.0:
         raise ConfigError(

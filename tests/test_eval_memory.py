@@ -94,3 +94,40 @@ def test_every_rank_stops_when_one_rank_is_short(tmp_path):
     assert f"scalegnn: error: parallel.grid {grid}: a full-graph evaluation needs" in said
     assert f"{_oracle(grid) / 1e9:.2f} GB a rank" in said
     assert not [e for e in read_metrics(metrics) if e["event"] == "step"]
+
+
+def test_training_without_evaluation_then_evaluating_its_checkpoint_matches_a_run(
+    monkeypatch, tmp_path
+):
+    """``train.evaluate: false`` runs no evaluation and no memory check (the host has 1 kB
+    here); resuming its checkpoint with ``max_steps`` at its step trains nothing and
+    evaluates it: the accuracies of the run that evaluated its last step itself."""
+    steps = {"train": {**CONFIG["train"], "max_steps": 4}}
+    evaluated = run_training(config_from_mapping({**CONFIG, **steps}), str(tmp_path / "a.jsonl"))
+    expected = [e for e in read_metrics(tmp_path / "a.jsonl") if e["event"] == "eval"]
+    assert [e["step"] for e in expected] == [4]
+
+    _give(monkeypatch, 1024)
+    output = {"dir": str(tmp_path / "run"), "checkpoint_every": 4}
+    silent = {**CONFIG, "output": output, "train": {**steps["train"], "evaluate": False}}
+    summary = run_training(config_from_mapping(silent), str(tmp_path / "b.jsonl"))
+    events = read_metrics(tmp_path / "b.jsonl")
+    assert not [e for e in events if e["event"] == "eval"]
+    assert summary["steps"] == 4 and summary["best_val_acc"] is None
+    assert summary["checkpoint"] is not None
+    assert next(e for e in events if e["event"] == "start")["evaluation"].startswith("off")
+
+    monkeypatch.undo()
+    resumed = {**CONFIG, **steps, "output": {**output, "resume": True}}
+    summary = run_training(config_from_mapping(resumed), str(tmp_path / "c.jsonl"))
+    events = read_metrics(tmp_path / "c.jsonl")
+    assert not [e for e in events if e["event"] == "step"]
+    (evaluation,) = [e for e in events if e["event"] == "eval"]
+    for key in ("train_acc", "val_acc", "test_acc"):
+        assert evaluation[key] == expected[0][key], key
+    assert summary["best_val_acc"] == evaluated["best_val_acc"]
+
+
+def test_a_target_without_evaluation_is_refused():
+    with pytest.raises(ConfigError, match=r"train\.evaluate: false runs none"):
+        config_from_mapping({"train": {"evaluate": False, "target_acc": 0.8}})

@@ -343,6 +343,8 @@ class Trainer:
             The evaluation needs more than a rank has: it would be killed for memory at
             its first round, after all the training before it.
         """
+        if not self.cfg.train.evaluate:
+            return
         graph = self.store.full_graph()
         memory = full_graph_memory(self.model, graph)
         chunk_rows = full_graph_chunk_rows(self.model, graph)
@@ -363,8 +365,11 @@ class Trainer:
             f"output over all {self.store.num_nodes:,} vertices, and one chunk of "
             f"{chunk_rows:,} rows), but {where} has {available / 1e9:.2f} GB: the run would "
             "be killed for memory at its first evaluation. Give each rank more memory "
-            "(fewer ranks a host, or larger hosts), or use a grid whose ranks hold smaller "
-            "shares (scalegnn plan ranks the grids by memory)"
+            "(fewer ranks a host, or larger hosts), use a grid whose ranks hold smaller "
+            "shares (scalegnn plan ranks the grids by memory), or train with "
+            "train.evaluate=false and output.checkpoint_every set, then evaluate a "
+            "checkpoint where it fits: --resume with --grid of that place and "
+            "train.max_steps at the checkpoint's step"
         )
 
     @torch.no_grad()
@@ -398,7 +403,7 @@ class Trainer:
                     reached = self._run_epoch()
                     if self._max_steps_done():
                         break
-                if progress.evaluated_step != progress.global_step:
+                if cfg.train.evaluate and progress.evaluated_step != progress.global_step:
                     self._evaluate_and_record()  # the last step is always evaluated
                 if cfg.output.checkpoint_every:
                     self.save()
@@ -516,6 +521,7 @@ class Trainer:
             due = epoch_ended and (
                 progress.epoch % cfg.train.eval_every == 0 or progress.epoch == cfg.train.epochs
             )
+        due = due and cfg.train.evaluate
         reached = due and self._evaluate_and_record()
         every = cfg.output.checkpoint_every
         checkpoint_due = bool(every and progress.global_step % every == 0)
@@ -591,6 +597,8 @@ class Trainer:
             evaluation = (
                 "every epoch" if train.eval_every == 1 else f"every {train.eval_every} epochs"
             )
+        if not train.evaluate:
+            evaluation = "off (train.evaluate: false)"
         checkpoints = None
         if self.checkpoints is not None:
             every = cfg.output.checkpoint_every
