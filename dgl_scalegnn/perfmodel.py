@@ -510,7 +510,8 @@ def memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> dict[str, f
     graph = 0.0
     for plane in adjacency_planes(work.layers, work.kind):
         rows, cols = (me.rows(axis, n) for axis in (plane.rows, plane.cols))
-        graph += work.nnz * rows * cols / n**2 * (4 + _FLOAT) + (rows + 1) * 8
+        # int32 column indices and int64 row pointers; values are r_i c_j, not stored
+        graph += work.nnz * rows * cols / n**2 * 4 + (rows + 1) * 8
         graph += (rows + cols) * _FLOAT + cols * 8  # degree scalings, column map
     graph += me.rows(INPUT_LAYOUT.rows, n) * me.cols(work.in_features, INPUT_LAYOUT.cols) * _FLOAT
     graph += me.rows(logits_layout(work.layers, kind=work.kind).rows, n) * (8 + 3)  # labels, masks

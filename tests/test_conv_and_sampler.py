@@ -11,9 +11,9 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.core.layout import Axis, Layout
-from dgl_scalegnn.data.normalize import gcn_normalize
+from dgl_scalegnn.data.normalize import gcn_normalize, renormalize_block
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.data.tiles import tile_adjacency
+from dgl_scalegnn.data.tiles import read_block, tile_adjacency
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.reference import ScaleGNN
@@ -189,6 +189,35 @@ def test_biases_of_the_paper_model_against_dense_formula():
 @pytest.fixture(scope="module")
 def prepared():
     return prepare_in_memory(random_dataset(num_nodes=97, num_edges=500), permutation_seed=1)
+
+
+@pytest.mark.parametrize("normalisation", ["symmetric", "sum"])
+@pytest.mark.parametrize(
+    "rows, cols", [((0, 97), (0, 97)), ((13, 61), (40, 97)), ((50, 51), (0, 30))]
+)
+def test_a_block_keeps_no_values_and_gives_the_stored_ones_bit_for_bit(
+    prepared, normalisation, rows, cols
+):
+    """The oracle: the values as prepared and stored in tiles (``read_block``), renormalised
+    by :func:`renormalize_block`; the block keeps only the scales and rebuilds them."""
+    adjacency = prepared.adjacency
+    block, _ = load_csr_block(adjacency, rows, cols, normalisation=normalisation)
+    read = read_block(adjacency, rows, cols)
+    stored = renormalize_block(
+        read.indptr,
+        read.indices,
+        read.values,
+        rows[0],
+        adjacency.degrees[rows[0] : rows[1]],
+        adjacency.degrees[cols[0] : cols[1]],
+        normalisation,
+    )
+    assert not hasattr(block, "values")
+    assert torch.equal(block.indptr, torch.from_numpy(stored.indptr))
+    entry_rows = torch.repeat_interleave(torch.arange(rows[1] - rows[0]), torch.diff(block.indptr))
+    rebuilt = block.values_at(entry_rows, block.indices)
+    assert rebuilt.numel() > 0 and torch.equal(rebuilt, torch.from_numpy(stored.values))
+    assert torch.equal(full_block(block).values, rebuilt)
 
 
 def _rescaled_node_subgraph(prepared, sample: torch.Tensor) -> torch.Tensor:

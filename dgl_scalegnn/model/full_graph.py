@@ -144,7 +144,7 @@ def full_graph_memory(model: ParallelScaleGNN, graph: FullGraph) -> ChunkMemory:
         (
             (
                 block.nnz / max(1, block.row_stop - block.row_start),
-                block.indices.element_size() + block.values.element_size(),
+                block.indices.element_size() + block.row_scale.element_size(),  # index, value
             )
             for block in graph.blocks.values()
         ),

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-_TENSOR_FIELDS = ("indptr", "indices", "values", "row_scale", "col_scale")
+_TENSOR_FIELDS = ("indptr", "indices", "row_scale", "col_scale")
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,11 @@ class CSRBlock:
 
     ``indptr`` ``(R1 - R0 + 1,)`` int64 over local rows; ``indices`` ``(nnz,)`` int32
     column offsets in ``[0, C1 - C0)`` (int64 past :math:`2^{31}`), sorted within a row;
-    ``values`` ``(nnz,)``
-    float32; ``row_scale`` / ``col_scale`` the :math:`\\hat d^{-1/2}` of the row and
-    column ranges.
+    ``row_scale`` / ``col_scale`` the factors :math:`r, c` of the row and column ranges
+    (:math:`\\hat d^{-1/2}` in the symmetric normalisation, ones in the sum). Every
+    normalisation's entry is :math:`r_i c_j`, bit for bit
+    (:func:`~dgl_scalegnn.data.normalize.renormalize_block`), so the block keeps no value
+    array (:meth:`values_at`): a third of its bytes.
     """
 
     row_start: int
@@ -61,13 +63,16 @@ class CSRBlock:
     col_stop: int
     indptr: torch.Tensor
     indices: torch.Tensor
-    values: torch.Tensor
     row_scale: torch.Tensor
     col_scale: torch.Tensor
 
     @property
     def nnz(self) -> int:
         return int(self.indices.numel())
+
+    def values_at(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The values :math:`r_i c_j` of the entries at local ``rows`` and ``cols``."""
+        return self.row_scale.index_select(0, rows) * self.col_scale.index_select(0, cols)
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(getattr(self, name) for name in _TENSOR_FIELDS)
@@ -188,14 +193,16 @@ def compact(candidates: Candidates, num_kept: int, scaling: EdgeScaling) -> Bloc
     rows = torch.searchsorted(candidates.ends, kept, right=True)
     row_ids, col_ids = candidates.row_ids, candidates.col_ids
     diagonal = row_ids.index_select(0, rows) == col_ids.index_select(0, cols)
-    values = csr.values.index_select(0, candidates.positions.index_select(0, kept))
+    row_scale = csr.row_scale.index_select(0, row_ids - csr.row_start)
+    col_scale = csr.col_scale.index_select(0, col_ids - csr.col_start)
+    values = row_scale.index_select(0, rows) * col_scale.index_select(0, cols)  # r_i c_j
     return BlockCOO(
         rows=rows,
         cols=cols,
         values=scaling.apply(values, diagonal),
         diagonal=diagonal,
-        row_scale=csr.row_scale.index_select(0, row_ids - csr.row_start),
-        col_scale=csr.col_scale.index_select(0, col_ids - csr.col_start),
+        row_scale=row_scale,
+        col_scale=col_scale,
         inv_p=scaling.inverse,
         num_rows=int(row_ids.numel()),
         num_cols=int(col_ids.numel()),
@@ -264,7 +271,7 @@ def full_block(csr: CSRBlock) -> BlockCOO:
     return BlockCOO(
         rows=rows,
         cols=cols,
-        values=csr.values,
+        values=csr.values_at(rows, cols),
         diagonal=(rows + csr.row_start) == (cols + csr.col_start),
         row_scale=csr.row_scale,
         col_scale=csr.col_scale,

@@ -287,10 +287,12 @@ class CSRRows:
     """Rows ``[start, stop)`` of a CSR block as a local SpMM (forward only).
 
     Each product gets a CSR of its own: the rows' pointers rebased to start at 0 (and
-    cast to the index dtype, which torch requires to match), and copies of their
-    entries' column indices and values in fresh allocations. Views into the block at the
-    rows' entry offset would hand cuSPARSE arrays at arbitrary offsets, aligned to 4
-    bytes only; the copies are the rows' size (8 bytes an entry) and live for one product.
+    cast to the index dtype, which torch requires to match), a copy of their entries'
+    column indices and their values :math:`r_i c_j` (the block keeps no values:
+    :meth:`~dgl_scalegnn.sampling.blocks.CSRBlock.values_at`), in fresh allocations. Views
+    into the block at the rows' entry offset would hand cuSPARSE arrays at arbitrary
+    offsets, aligned to 4 bytes only; the copies are the rows' size (8 bytes an entry) and
+    live for one product.
 
     ``entries``: the rows' entry range ``[indptr[start], indptr[stop])`` when the caller
     has read it (:func:`csr_row_chunks` reads every chunk's at once); otherwise it is
@@ -301,8 +303,8 @@ class CSRRows:
     >>> import torch
     >>> block = CSRBlock(row_start=0, row_stop=2, col_start=0, col_stop=2,
     ...                  indptr=torch.tensor([0, 2, 3]), indices=torch.tensor([0, 1, 1],
-    ...                  dtype=torch.int32), values=torch.tensor([0.5, 1.0, 0.5]),
-    ...                  row_scale=torch.ones(2), col_scale=torch.ones(2))
+    ...                  dtype=torch.int32), row_scale=torch.tensor([1.0, 0.5]),
+    ...                  col_scale=torch.ones(2))
     >>> CSRRows(block, 1, 2).matmul(torch.tensor([[1.0], [4.0]])).tolist()
     [[2.0]]
     """
@@ -325,10 +327,16 @@ class CSRRows:
         if lo == hi or self.num_cols == 0:
             return features.new_zeros(self.num_rows, features.shape[1])
         crow = block.indptr[self.start : self.stop + 1] - lo
+        indices = block.indices[lo:hi].clone()
+        rows = torch.repeat_interleave(
+            torch.arange(self.start, self.stop, dtype=indices.dtype, device=crow.device),
+            torch.diff(crow),
+            output_size=hi - lo,  # known on the host: no wait for the device
+        )
         matrix = csr_tensor(
             crow.to(block.indices.dtype),
-            block.indices[lo:hi].clone(),
-            block.values[lo:hi].to(features.dtype, copy=True),
+            indices,
+            block.values_at(rows, indices).to(features.dtype),
             (self.num_rows, self.num_cols),
         )
         return matrix @ features

@@ -87,7 +87,6 @@ def load_csr_block(
         indices=torch.from_numpy(
             indices.astype(np.int32 if c1 - c0 < 2**31 else np.int64, copy=False)
         ),
-        values=torch.from_numpy(entries.values),
         row_scale=torch.from_numpy(entries.row_scale),
         col_scale=torch.from_numpy(entries.col_scale),
     )
