@@ -59,6 +59,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -341,21 +342,60 @@ def predict(graph: bench_scale.Graph, grid: str, batch_size: int) -> dict[str, f
 
 
 def _ours_row(result: Mapping[str, Any], grid: str, batch: int) -> dict[str, Any]:
-    last = result["history"][-1]
+    history = result["history"]
+    last = history[-1] if history else {}
     return {
         "grid": grid,
         "processes": len(result["max_rss_mb"]),
         "batch_size": batch,
         "steps": result["steps"],
-        "train_s": last["train_s"],
+        "train_s": last.get("train_s", result["step_s"] * result["steps"]),
         "step_s": result["steady_step_s"],
         "first_step_s": result["first_step_s"],
         "breakdown": result["seconds_per_step_breakdown"],
-        "eval_s": last["eval_s"],
-        "test_acc": last["test_acc"],
-        "val_acc": last["val_acc"],
+        "eval_s": last.get("eval_s"),
+        "test_acc": last.get("test_acc"),
+        "val_acc": last.get("val_acc"),
         "max_rss_mb": result["max_rss_mb"],
-        "train_max_rss_mb": result["train_max_rss_mb"],
+        # without an evaluation, the whole run was training
+        "train_max_rss_mb": result["train_max_rss_mb"] or result["max_rss_mb"],
+    }
+
+
+#: What ``scalegnn train`` says when its ranks cannot hold a full-graph evaluation.
+EVALUATION_REFUSED = "a full-graph evaluation needs"
+
+
+def evaluate_checkpoint(
+    graph: bench_scale.Graph, size: GrowthSize, output_dir: Path, step: int, log_dir: Path
+) -> dict[str, Any]:
+    """Evaluate the checkpoint of ``step`` in ``output_dir`` on one process, as
+    docs/configuration.md tells a user whose ranks cannot hold the evaluation (resume
+    with ``train.max_steps`` at its step): its accuracy, seconds and peak memory."""
+    from dgl_scalegnn.train.metrics import read_metrics
+
+    metrics = log_dir / f"eval-{output_dir.name}.jsonl"
+    metrics.unlink(missing_ok=True)
+    argv = ["dgl_scalegnn.cli", "train", "--config", graph.config_file, "--grid", "1x1x1x1"]
+    argv += ["--metrics", str(metrics), "--resume"]
+    settings = {
+        "data.prepared": graph.prepared,
+        "output.dir": output_dir,
+        "train.max_steps": step,
+        "train.progress": "false",
+        "sampling.batch_size": size.batch_size,
+    }
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    measured = _measured(argv, log_dir / f"{metrics.stem}.log", 2, 7200)
+    (evaluation,) = [e for e in read_metrics(metrics) if e["event"] == "eval"]
+    return {
+        "grid": "1x1x1x1",
+        "step": evaluation["step"],
+        "eval_s": evaluation["eval_s"],
+        "peak_rss_mb": measured["peak_rss_mb"],
+        "val_acc": evaluation["val_acc"],
+        "test_acc": evaluation["test_acc"],
     }
 
 
@@ -421,21 +461,33 @@ def run_ours(
 ) -> dict[str, Any]:
     """One dgl_scalegnn run at B = N/100 for about ``budget_s`` training seconds (steps
     from ``step_guess_s``, else from a timing run), evaluated at its end; with the step
-    time at the fixed B beside it."""
+    time at the fixed B beside it. Where ``scalegnn train`` refuses the ranks an
+    evaluation (it cannot fit their memory), the runs train with ``train.evaluate false``
+    and the last one's checkpoint is evaluated on one process
+    (:func:`evaluate_checkpoint`), as a user is told to."""
     processes = 1 if grid == "1x1x1x1" else 8
     p = _plan(size, budget_s)
     batch = {"sampling.batch_size": size.batch_size}
+    # Set when the ranks are refused a full-graph evaluation (it cannot fit their memory):
+    # every run then trains with train.evaluate false, and the last is evaluated from its
+    # checkpoint on one process.
+    elsewhere: dict[str, Any] = {}
 
     def train(overrides: Mapping[str, Any], steps: int) -> dict[str, Any]:
         guard = ThrashGuard()
+        settings = {**overrides, **({"train.evaluate": "false"} if elsewhere else {})}
         try:
             return bench_scale.run_ours(
-                graph, p, overrides, 0, processes, steps, [steps], log_dir, grid, guard
+                graph, p, settings, 0, processes, steps, [steps], log_dir, grid, guard
             )
         except bench_scale.BenchScaleError as error:
             if guard.stopped:
                 error.args = (f"stopped: the host thrashed ({error.args[0]})",)
-            raise
+            if elsewhere or EVALUATION_REFUSED not in str(error):
+                raise
+            why = next(line for line in str(error).splitlines() if EVALUATION_REFUSED in line)
+            elsewhere["why"] = why.removeprefix("scalegnn: error: ")
+            return train(overrides, steps)
 
     fixed: dict[str, Any] | None = None
     if size.batch_size != FIXED_BATCH:
@@ -448,14 +500,24 @@ def run_ours(
             fixed = {"error": str(error)[-300:], "grid": grid, "batch_size": FIXED_BATCH}
             if "step_s_before_failure" in partial:
                 fixed["step_s"] = partial["step_s_before_failure"]
+    checkpoints = log_dir / f"ckpt-{size.name}-{grid}"
+    shutil.rmtree(checkpoints, ignore_errors=True)  # a resume takes the newest
     try:
         if step_guess_s is None:
             step_guess_s = train(batch, TIMING_STEPS)["steady_step_s"]
-        result = train(batch, max(TIMING_STEPS, round(budget_s / step_guess_s)))
+        steps = max(TIMING_STEPS, round(budget_s / step_guess_s))
+        kept = {"output.dir": checkpoints, "output.checkpoint_every": steps}
+        result = train({**batch, **kept}, steps)
+        row = _ours_row(result, grid, size.batch_size)
+        if elsewhere:
+            evaluated = evaluate_checkpoint(graph, size, checkpoints, steps, log_dir)
+            row.update(test_acc=evaluated["test_acc"], val_acc=evaluated["val_acc"])
+            row["evaluated_elsewhere"] = {**evaluated, "why": elsewhere["why"]}
     except bench_scale.BenchScaleError as error:
         failed = {"error": str(error)[-1500:], "grid": grid, "processes": processes}
         return {**failed, **_partial(error), "fixed_batch": fixed}
-    row = _ours_row(result, grid, size.batch_size)
+    finally:
+        shutil.rmtree(checkpoints, ignore_errors=True)
     if fixed is None:
         fixed = {key: row[key] for key in ("grid", "step_s", "breakdown", "batch_size")}
     predicted = predict(graph, grid, size.batch_size)

@@ -424,7 +424,8 @@ def run_ours(
         for part, seconds in event.get("seconds", {}).items():
             breakdown[part] = breakdown.get(part, 0.0) + seconds / max(1, len(steps) - 1)
     return {
-        **training.summarise(history, None),
+        # a run with train.evaluate false has no history
+        **(training.summarise(history, None) if history else {"history": []}),
         "settings": dict(overrides),
         "seed": seed,
         "steps": summary["steps"],

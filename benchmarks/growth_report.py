@@ -103,7 +103,7 @@ def quantities(row: Mapping[str, Any]) -> dict[str, float]:
             out[key] = float(row[key])
     if "step_s" in row:
         out["fixed_step_s" if row["method"].startswith(_FIXED_B) else "step_s"] = row["step_s"]
-    if row.get("max_rss_mb"):
+    if row.get("max_rss_mb") and "evaluated_elsewhere" not in row:  # else training's alone
         out["peak_rank_mb"] = max(row["max_rss_mb"])
         out["summed_mb"] = sum(row["max_rss_mb"])
     return out
@@ -239,10 +239,14 @@ def _run_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             continue
         grid = f" ({row['grid']})" if "grid" in row else ""
         train = f"{row['train_s']:.1f} ({row['steps']})" if row.get("train_s") is not None else "-"
+        evaluation, memory = _fmt(q.get("eval_s")), _memory(row)
+        if elsewhere := row.get("evaluated_elsewhere"):  # the ranks could not hold it
+            evaluation = f"refused; its checkpoint on 1 process: {_fmt(elsewhere['eval_s'])}"
+            memory = f"training {memory}; 1 process evaluating {elsewhere['peak_rss_mb']:.0f}"
         lines.append(
             f"| {n:,} | {row['method']} | {row.get('processes', 1)}{grid} "
             f"| {_fmt(q.get('test_acc'), 4)} | {train} | {_fmt(q.get('step_s'))} "
-            f"| {_fmt(q.get('fixed_step_s'))} | {_fmt(q.get('eval_s'))} | {_memory(row)} |"
+            f"| {_fmt(q.get('fixed_step_s'))} | {evaluation} | {memory} |"
         )
     return lines
 

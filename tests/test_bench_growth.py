@@ -14,6 +14,7 @@ import time
 import pytest
 
 from benchmarks import bench_growth, bench_scale, growth_report
+from tests.helpers import ROOT
 
 
 def test_sizes_parse_per_preset_smallest_first_and_refuse_unknown_presets() -> None:
@@ -92,3 +93,93 @@ def test_thrash_guard_stops_a_run_that_starves_the_host_and_spares_others(tmp_pa
     quick = [sys.executable, "-c", "import time; time.sleep(3)"]
     bench_scale._run(quick, tmp_path / "dips.log", 1, 30, dips)
     assert not dips.stopped
+
+
+def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoint_on_one(
+    monkeypatch, tmp_path
+) -> None:
+    """The control flow around a refusal (runs faked): the run that is refused is run
+    again with ``train.evaluate false``, so is every later one, the last keeps a
+    checkpoint of its last step, and that checkpoint is evaluated on one process."""
+    calls = []
+    refusal = (
+        "scalegnn: error: parallel.grid 1x2x2x2: a full-graph evaluation needs 2.59 GB a rank "
+        "beside what the rank holds"
+    )
+
+    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch):
+        calls.append(dict(settings))
+        if settings.get("train.evaluate") != "false":
+            raise bench_scale.BenchScaleError(f"mpirun ... exited with 2; log x:\n{refusal}")
+        return {
+            "history": [],
+            "steps": steps,
+            "step_s": 0.5,
+            "steady_step_s": 0.5,
+            "first_step_s": 0.9,
+            "seconds_per_step_breakdown": {"spmm": 0.2},
+            "max_rss_mb": [1900.0] * 8,
+            "train_max_rss_mb": None,
+        }
+
+    def fake_evaluate(graph, size, output_dir, step, log_dir):
+        assert output_dir == tmp_path / f"ckpt-{size.name}-1x2x2x2" and step == 40
+        return {
+            "grid": "1x1x1x1",
+            "step": step,
+            "eval_s": 42.0,
+            "peak_rss_mb": 8875.0,
+            "val_acc": 0.80,
+            "test_acc": 0.81,
+        }
+
+    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "evaluate_checkpoint", fake_evaluate)
+    monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 0.4})
+    size = bench_growth.GrowthSize("sparse", 10_000_000)
+    row = bench_growth.run_ours(None, size, "1x2x2x2", 20.0, 0.5, tmp_path)
+    assert [c.get("train.evaluate") for c in calls] == [None, "false", "false"]
+    assert calls[-1]["output.dir"] == tmp_path / "ckpt-sparse-10000000-1x2x2x2"
+    assert calls[-1]["output.checkpoint_every"] == 40 and row["steps"] == 40
+    assert row["test_acc"] == 0.81 and row["train_max_rss_mb"] == [1900.0] * 8
+    assert row["evaluated_elsewhere"]["why"].startswith("parallel.grid 1x2x2x2: a full-graph")
+    table = "\n".join(growth_report._run_table([{**row, "size": size.name, "method": "ours"}]))
+    assert "refused; its checkpoint on 1 process: 42" in table
+    assert "training max 1900 (sum 15200); 1 process evaluating 8875" in table
+    figures = growth_report.quantities({**row, "method": "ours"})
+    assert "peak_rank_mb" not in figures and figures["train_peak_rank_mb"] == 1900.0
+
+
+def test_a_checkpoint_evaluates_on_one_process_from_the_benchmark(tmp_path) -> None:
+    """:func:`bench_growth.evaluate_checkpoint` on a real checkpoint of a run that did not
+    evaluate: the command a user is told to run resumes it, trains nothing, evaluates."""
+    from dgl_scalegnn.cli import main as cli_main
+    from dgl_scalegnn.train.metrics import read_metrics
+
+    prepared = tmp_path / "prepared"
+    synthetic = ["--set", "data.synthetic.num_nodes=2000", "--set", "data.synthetic.num_features=8"]
+    assert cli_main(["prepare", "--dataset", "synthetic", *synthetic, "--out", str(prepared)]) == 0
+    config = str(ROOT / "yaml" / "synthetic-1m.yaml")
+    run = tmp_path / "run"
+    steps = ["--set", "train.max_steps=3", "--set", "sampling.batch_size=200"]
+    argv = ["train", "--config", config, "--grid", "1x1x1x1", "--set", f"data.prepared={prepared}"]
+    argv += [*steps, "--set", "train.evaluate=false", "--set", "train.progress=false"]
+    argv += ["--set", f"output.dir={run}", "--set", "output.checkpoint_every=3"]
+    argv += ["--metrics", str(tmp_path / "train.jsonl")]
+    assert cli_main(argv) == 0
+    assert not [e for e in read_metrics(tmp_path / "train.jsonl") if e["event"] == "eval"]
+    graph = bench_scale.Graph(
+        name="sparse",
+        config_file=config,
+        prepared=prepared,
+        dgl_file=tmp_path / "unused.bin",
+        part_config=tmp_path / "unused.json",
+        num_classes=8,
+        num_nodes=2000,
+        setup_s={},
+    )
+    size = bench_growth.GrowthSize("sparse", 20_000)  # B = 200, as trained
+    evaluated = bench_growth.evaluate_checkpoint(graph, size, run, 3, tmp_path)
+    assert evaluated["step"] == 3 and evaluated["grid"] == "1x1x1x1"
+    assert 0.0 <= evaluated["test_acc"] <= 1.0 and evaluated["eval_s"] > 0
+    assert evaluated["peak_rss_mb"] > 100
