@@ -700,7 +700,11 @@ def run_size(
 def _summary(row: Mapping[str, Any]) -> str:
     if "error" in row:
         return "failed: " + row["error"].splitlines()[-1][:200]
-    parts = [f"{key} {row[key]:.4g}" for key in ("test_acc", "step_s", "eval_s") if key in row]
+    parts = [
+        f"{key} {row[key]:.4g}"
+        for key in ("test_acc", "step_s", "eval_s")
+        if row.get(key) is not None
+    ]
     return ", ".join([*parts, f"peak {max(row['max_rss_mb']):.0f} MB/rank"])
 
 

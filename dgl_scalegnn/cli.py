@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from dgl_scalegnn.config import Config, ConfigError, InputError, load_config
+from dgl_scalegnn.config import Config, ConfigError, InputError, load_config, say_input_error
 
 if TYPE_CHECKING:
     from dgl_scalegnn.data.prepared import GraphMeta
@@ -343,21 +342,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Lines of a stack trace that an error message may embed (DGL's C++ errors end in
-#: "Stack trace:" and "[bt] (0) ..." lines), and blank lines: not said on the terminal.
-_TRACE_LINE = re.compile(
-    r"\s*(?:$|Stack trace:|\[bt\] \(\d+\)|Traceback \(most recent call last\):"
-    r"|File \".*\", line \d+)"
-)
-
-
-def _first_line(error: BaseException) -> str:
-    """The first line of ``error``'s message that says something, for a one-line report
-    (the rest is a trace or a continuation); the error's type name if none does."""
-    lines = [line.strip() for line in str(error).splitlines() if not _TRACE_LINE.match(line)]
-    return lines[0] if lines else type(error).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     # Large CPU tensors on transparent huge pages (read by torch at its first large
     # allocation): each fresh (B, hidden) buffer otherwise page-faults 4 KiB at a time,
@@ -372,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One rank says it, in one line: rank 0 (every rank sees the same bad input), or
         # in a running job the rank whose failure stopped it (the others stay quiet).
         if _launch_rank() == 0 or stopped_the_job(error):
-            print(f"scalegnn: error: {_first_line(error)}", file=sys.stderr, flush=True)
+            say_input_error(error)
         return 2
 
 

@@ -22,6 +22,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -61,6 +62,36 @@ class InputError(Exception):
     """Bad input (a config, a grid, a dataset, a checkpoint) rather than a failure of
     the program: ``scalegnn`` says it in one line, on the one rank that found it, and
     exits with code 2."""
+
+
+#: Lines of a stack trace that an error message may embed (DGL's C++ errors end in
+#: "Stack trace:" and "[bt] (0) ..." lines), and blank lines: not said on the terminal.
+_TRACE_LINE = re.compile(
+    r"\s*(?:$|Stack trace:|\[bt\] \(\d+\)|Traceback \(most recent call last\):"
+    r"|File \".*\", line \d+)"
+)
+_SAID = "_scalegnn_said"
+
+
+def say_input_error(error: BaseException) -> None:
+    """Say ``error`` on stderr in one line, ``scalegnn: error: `` and the first line of its
+    message that says something (the rest is a trace or a continuation; the error's type
+    name if none does); only once per error, whoever asks again.
+
+    >>> import contextlib, io
+    >>> error = InputError("data.path: no such file\\nTraceback (most recent call last):")
+    >>> with contextlib.redirect_stderr(io.StringIO()) as said:
+    ...     say_input_error(error)
+    ...     say_input_error(error)
+    >>> said.getvalue()
+    'scalegnn: error: data.path: no such file\\n'
+    """
+    if getattr(error, _SAID, False):
+        return
+    lines = [line.strip() for line in str(error).splitlines() if not _TRACE_LINE.match(line)]
+    print(f"scalegnn: error: {lines[0] if lines else type(error).__name__}", file=sys.stderr)
+    sys.stderr.flush()
+    setattr(error, _SAID, True)
 
 
 class ConfigError(InputError, ValueError):

@@ -146,6 +146,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     table = "\n".join(growth_report._run_table([{**row, "size": size.name, "method": "ours"}]))
     assert "refused; its checkpoint on 1 process: 42" in table
     assert "training max 1900 (sum 15200); 1 process evaluating 8875" in table
+    assert bench_growth._summary(row).startswith("test_acc 0.81, step_s 0.5, peak 1900")
     figures = growth_report.quantities({**row, "method": "ours"})
     assert "peak_rank_mb" not in figures and figures["train_peak_rank_mb"] == 1900.0
 

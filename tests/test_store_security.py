@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import secrets
+import subprocess
 import threading
 
 import psutil
@@ -184,6 +185,26 @@ def test_bad_input_on_every_rank_is_one_line_from_one_rank(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("scalegnn: error: "), said
 
 
+def test_bad_input_under_mpirun_is_said_before_the_launcher_ends_the_job(tmp_path):
+    """The same bad input under launch/mpirun.sh: the rank it stops exits 17 at once, and
+    mpirun then ends every other process, the failing rank 0 too while it lingers for the
+    watchdogs (it hosts their store): it must have said its line before lingering."""
+    path = tmp_path / "graph.bin"
+    path.write_bytes(os.urandom(4096))
+    config = {**CONFIG, "data": {"name": "dgl", "path": str(path)}}
+    result = subprocess.run(
+        [str(ROOT / "launch" / "mpirun.sh"), "2", "1x1x1x2", _config_file(tmp_path, config)],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("scalegnn: error:")]
+    assert len(errors) == 1 and str(path) in errors[0], result.stdout + result.stderr
+
+
 class _Exited(Exception):
     """Raised by the watchdogs' ``exit`` below instead of ending the test's process."""
 
@@ -203,6 +224,10 @@ def test_a_rank_stopped_by_another_says_why_unless_it_was_bad_input(capsys, bad_
     error = ValueError("data.path: not a graph")
     first.report_failure(error, bad_input=bad_input)  # its record stands: it returns
     assert stopped_the_job(error)
+    # bad input is said by the failing rank at once (before it lingers); anything else is
+    # left to its caller (a trace) and said by every rank it stops
+    reported = capsys.readouterr().err
+    assert reported == ("scalegnn: error: data.path: not a graph\n" if bad_input else "")
     with pytest.raises(_Exited, match=str(ABORT_EXIT_CODE)):
         second.report_failure(RuntimeError("a collective broke"), bad_input=bad_input)
     said = capsys.readouterr().err

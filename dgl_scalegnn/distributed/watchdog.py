@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from dgl_scalegnn.config import say_input_error
 from dgl_scalegnn.distributed.bootstrap import JobStore
 
 __all__ = [
@@ -243,7 +244,9 @@ class Watchdog:
         If an earlier record stands (another rank failed or left first, and this one
         broke because of it), this process ends with that record. Otherwise ``error``
         is marked as the job's failure (:func:`stopped_the_job`) and returns to the
-        caller to report; ``bad_input`` makes the ranks it stops exit without a word.
+        caller to report; ``bad_input`` makes the ranks it stops exit without a word, so
+        this rank says it at once, before it lingers: a launcher that sees a stopped rank
+        exit may end this one meanwhile (``mpirun`` does), and its message would be lost.
         """
         self._stop.set()
         record = self._record(
@@ -255,6 +258,8 @@ class Watchdog:
         )
         if record.rank == self.rank:
             setattr(error, _STOPPED_THE_JOB, True)
+            if bad_input:
+                say_input_error(error)
             self._linger()
         else:
             self._follow(record)
