@@ -184,3 +184,31 @@ def test_a_checkpoint_evaluates_on_one_process_from_the_benchmark(tmp_path) -> N
     assert evaluated["step"] == 3 and evaluated["grid"] == "1x1x1x1"
     assert 0.0 <= evaluated["test_acc"] <= 1.0 and evaluated["eval_s"] > 0
     assert evaluated["peak_rss_mb"] > 100
+
+
+def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
+    monkeypatch, tmp_path
+) -> None:
+    """The guess says 0.5 s a step, the run takes 1.0 s: 40 steps would be 40 s of a 20 s
+    budget, so it is run again with 20 steps (runs faked)."""
+    steps_run = []
+
+    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch):
+        steps_run.append(steps)
+        history = [{"train_s": steps * 1.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
+        return {
+            "history": history,
+            "steps": steps,
+            "step_s": 1.0,
+            "steady_step_s": 1.0,
+            "first_step_s": 1.0,
+            "seconds_per_step_breakdown": {},
+            "max_rss_mb": [900.0],
+            "train_max_rss_mb": [800.0],
+        }
+
+    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
+    size = bench_growth.GrowthSize("sparse", 1_000_000)  # B = 10,000: no fixed-B run
+    row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, tmp_path)
+    assert steps_run == [40, 20] and row["steps"] == 20 and row["train_s"] == 20.0
