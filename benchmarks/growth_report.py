@@ -39,33 +39,28 @@ SETUP_QUANTITIES = {"seconds": "preparation s", "peak_rss_mb": "preparation peak
 #: Why measured growth departs from the model's, as far as the last run showed (the
 #: table marks which quantities of which methods differ; these say why).
 WHY: dict[str, str] = {
+    "s/step at fixed B on 1 process": (
+        "0.031 s at 1M, 0.035 s at 3M and 0.044 s at 10M (N^0.15; the model: N^0). The "
+        "batch's work is the same, but its rows are gathered from a graph share ten times "
+        "larger (the CSR and the features: 0.3 GB at 1M, 2.7 GB at 10M), so more of the "
+        "gathers miss the caches and the TLB; the model's rates do not depend on N."
+    ),
     "s/step on 8 processes (1x2x2x2)": (
         "the 8 ranks share 2 cores, and each all-reduce's latency (a context switch per "
-        "message among 8 processes) is most of a step (0.12 of 0.195 s at 1M, sparse) and "
+        "message among 8 processes) is most of a step (0.117 of 0.185 s at 1M, sparse) and "
         "does not grow with N. The model prices a core per rank (50 us, 5 GB/s) and "
-        "predicts 0.025 s a step at 1M, 8x less than measured, most of it bandwidth that "
+        "predicts 0.025 s a step at 1M, 7x less than measured, most of it bandwidth that "
         "grows with B: measured growth is slower than predicted."
     ),
-    "evaluation s on 1 process": (
-        "a round has fixed costs (the chunks' CSR row extraction set-up, the objective's "
-        "counts, thread-pool warm-up) that weigh most at 1M: 3.4 s at 1M, 7.8 s at 3M and "
-        "22 s at 10M is N^0.87 from 3M on, where the model's kernels grow as N."
-    ),
-    "peak MB per rank on 8 processes": (
-        "the model counts the graph share, parameters, one batch and its activations, not "
-        "the evaluation's two full-size layer buffers (N/2 x H/2 floats a rank on 1x2x2x2: "
-        "1.28 GB each at 10M), nor the heap a step leaves for the next; both grow with N, "
-        "so the measured peak grows faster and is 1.7-1.9x the model's."
-    ),
-    "the plan grid at the largest sizes": (
-        "with every rank's share of this host's memory (an eighth of what is available), "
-        "the model ranks 2x1x2x2 first at 10M (sparse) and 4x1x1x2 at 2.45M "
-        "(products-like); both were killed for memory in their first run, because the "
-        "model leaves out what the peak above adds. `scalegnn plan --gpu cpu` counts a "
-        "rank per core, so 8 ranks look like 4 hosts of 2 cores: it ranks 8x1x1x1 (every "
-        "rank the whole graph) first at 10M, which thrashed this host at 21 of 23 GB and "
-        "was stopped by hand (not in the table); where no shape fits it now puts the "
-        "least memory first."
+    "the plan grid": (
+        "its grid changes with N, so its exponents compare different layouts, not one "
+        "growth. With every rank's share of this host's memory (an eighth of what is "
+        "available) and the evaluation's whole-graph matrices now in the model, the plan "
+        "ranks 8x1x1x1 first at 1M, 4x2x1x1 at 3M and 1x8x1x1 at 10M (sparse), 8x1x1x1 at "
+        "1M and 2x1x2x2 at 2.45M (products-like). All ran: 1x8x1x1 at 10M evaluated at "
+        "2,971 MB a rank (the model: 3,031), and 2x1x2x2 at 2.45M was refused an "
+        "evaluation and evaluated on one process. Each was 1.4-2.4x slower a step than "
+        "1x2x2x2: the model ranks by bandwidth, and on 2 cores latency decides."
     ),
 }
 
@@ -135,10 +130,11 @@ def analyse(payload: Mapping[str, Any]) -> dict[str, Any]:
                 elif figures.get("peak_rss_mb"):  # killed: its peak, apart from the fit
                     at[f"{step}_failed_peak_rss_mb"] = figures["peak_rss_mb"]
             continue
-        method["sizes"][n] = {
-            **quantities(row),
-            **{f"predicted_{k}": v for k, v in row.get("predicted", {}).items()},
-        }
+        predicted = {f"predicted_{k}": v for k, v in row.get("predicted", {}).items()}
+        if "evaluated_elsewhere" in row:  # measured: training's peak only, no evaluation
+            for key in ("eval_s", "peak_rank_mb", "summed_mb"):
+                predicted.pop(f"predicted_{key}", None)
+        method["sizes"][n] = {**quantities(row), **predicted}
     for methods in out.values():
         for figures in methods.values():
             by_size = dict(sorted(figures["sizes"].items()))

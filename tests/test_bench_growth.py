@@ -135,7 +135,11 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
 
     monkeypatch.setattr(bench_scale, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "evaluate_checkpoint", fake_evaluate)
-    monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 0.4})
+    monkeypatch.setattr(
+        bench_growth,
+        "predict",
+        lambda graph, grid, batch: {"step_s": 0.4, "peak_rank_mb": 4000.0, "eval_s": 9.0},
+    )
     size = bench_growth.GrowthSize("sparse", 10_000_000)
     row = bench_growth.run_ours(None, size, "1x2x2x2", 20.0, 0.5, tmp_path)
     assert [c.get("train.evaluate") for c in calls] == [None, "false", "false"]
@@ -149,6 +153,9 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     assert bench_growth._summary(row).startswith("test_acc 0.81, step_s 0.5, peak 1900")
     figures = growth_report.quantities({**row, "method": "ours"})
     assert "peak_rank_mb" not in figures and figures["train_peak_rank_mb"] == 1900.0
+    analysed = growth_report.analyse({"rows": [{**row, "size": size.name, "method": "ours"}]})
+    at = analysed["sparse"]["ours"]["sizes"][size.num_nodes]
+    assert "predicted_peak_rank_mb" not in at and at["predicted_step_s"] == 0.4
 
 
 def test_a_checkpoint_evaluates_on_one_process_from_the_benchmark(tmp_path) -> None:
