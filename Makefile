@@ -23,10 +23,8 @@ install:
 	$(PIP) install --no-deps --no-build-isolation -e .
 	$(PY) -c "from dgl_scalegnn._dgl import write_startup_hook; print(write_startup_hook())"
 
-# Two workers, each taking whole test files: many tests wait on launchers, watchdogs and
-# rendezvous, and the other worker runs meanwhile (files keep their own order and ports).
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 # The CUDA smoke suite (tests/gpu): NCCL against gloo, one GPU against the CPU. Where
 # CUDA is not usable it stops with exit 3 and says why.
