@@ -353,9 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as error:
         from dgl_scalegnn.distributed.watchdog import stopped_the_job
 
-        # One rank says it, in one line: rank 0 (every rank sees the same bad input), or
-        # in a running job the rank whose failure stopped it (the others stay quiet).
-        if _launch_rank() == 0 or stopped_the_job(error):
+        # One rank says it, in one line: in a running job the rank whose failure stopped
+        # it has said it already (Watchdog.report_failure; the others stay quiet), else
+        # rank 0 does (every rank sees the same bad input).
+        if _launch_rank() == 0 and not stopped_the_job(error):
             say_input_error(error)
         return 2
 

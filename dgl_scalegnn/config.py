@@ -70,28 +70,23 @@ _TRACE_LINE = re.compile(
     r"\s*(?:$|Stack trace:|\[bt\] \(\d+\)|Traceback \(most recent call last\):"
     r"|File \".*\", line \d+)"
 )
-_SAID = "_scalegnn_said"
 
 
 def say_input_error(error: BaseException) -> None:
     """Say ``error`` on stderr in one line, ``scalegnn: error: `` and the first line of its
     message that says something (the rest is a trace or a continuation; the error's type
-    name if none does); only once per error, whoever asks again.
+    name if none does).
 
     >>> import contextlib, io
     >>> error = InputError("data.path: no such file\\nTraceback (most recent call last):")
     >>> with contextlib.redirect_stderr(io.StringIO()) as said:
     ...     say_input_error(error)
-    ...     say_input_error(error)
     >>> said.getvalue()
     'scalegnn: error: data.path: no such file\\n'
     """
-    if getattr(error, _SAID, False):
-        return
     lines = [line.strip() for line in str(error).splitlines() if not _TRACE_LINE.match(line)]
     print(f"scalegnn: error: {lines[0] if lines else type(error).__name__}", file=sys.stderr)
     sys.stderr.flush()
-    setattr(error, _SAID, True)
 
 
 class ConfigError(InputError, ValueError):

@@ -84,8 +84,9 @@ def _signature(key: bytes, payload: bytes) -> bytes:
 
 def stopped_the_job(error: BaseException) -> bool:
     """Whether ``error`` is the failure whose record stopped a multi-process job: the rank
-    that raised it reports it (whichever rank it is); the ranks it stopped said nothing
-    if it is bad input."""
+    that raised it reports it (whichever rank it is; bad input it has said already, in
+    :meth:`Watchdog.report_failure`); the ranks it stopped said nothing if it is bad
+    input."""
     return getattr(error, _STOPPED_THE_JOB, False)
 
 

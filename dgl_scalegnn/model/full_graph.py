@@ -162,12 +162,14 @@ def full_graph_memory(model: ParallelScaleGNN, graph: FullGraph) -> ChunkMemory:
     )
 
 
-def full_graph_chunk_rows(model: ParallelScaleGNN, graph: FullGraph) -> int:
+def full_graph_chunk_rows(
+    model: ParallelScaleGNN, graph: FullGraph, memory: ChunkMemory | None = None
+) -> int:
     """Output rows per chunk and rank for evaluating ``graph`` on its device
-    (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for` with
+    (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for` with ``memory``, by default
     :func:`full_graph_memory`)."""
-    tp_size = model.runtime.grid.shape.tp_size
-    return chunk_rows_for(graph.features.device, tp_size, full_graph_memory(model, graph))
+    memory = memory if memory is not None else full_graph_memory(model, graph)
+    return chunk_rows_for(graph.features.device, model.runtime.grid.shape.tp_size, memory)
 
 
 def _layer(

@@ -347,7 +347,7 @@ class Trainer:
             return
         graph = self.store.full_graph()
         memory = full_graph_memory(self.model, graph)
-        chunk_rows = full_graph_chunk_rows(self.model, graph)
+        chunk_rows = full_graph_chunk_rows(self.model, graph, memory)
         need = memory.reserved_bytes + chunk_rows * memory.row_bytes
         most = _maximum(torch.tensor([float(need)], dtype=torch.float64, device=self.device))
         need = float(most.item())  # every rank is here: the memory below is after loading
