@@ -478,9 +478,12 @@ def run_ours(
     # checkpoint on one process.
     elsewhere: dict[str, Any] = {}
 
-    def train(overrides: Mapping[str, Any], steps: int) -> dict[str, Any]:
+    def train(overrides: Mapping[str, Any], steps: int, timing: bool = False) -> dict[str, Any]:
+        """``steps`` steps; a ``timing`` run is not evaluated (its step time is all it is
+        for: at 10M an evaluation on 8 ranks takes minutes)."""
         guard = ThrashGuard()
-        settings = {**overrides, **({"train.evaluate": "false"} if elsewhere else {})}
+        evaluate = not (elsewhere or timing)
+        settings = {**overrides, **({} if evaluate else {"train.evaluate": "false"})}
         try:
             return bench_scale.run_ours(
                 graph, p, settings, 0, processes, steps, [steps], log_dir, grid, guard
@@ -498,7 +501,9 @@ def run_ours(
     if size.batch_size != FIXED_BATCH:
         try:
             fixed = _ours_row(
-                train({"sampling.batch_size": FIXED_BATCH}, TIMING_STEPS), grid, FIXED_BATCH
+                train({"sampling.batch_size": FIXED_BATCH}, TIMING_STEPS, timing=True),
+                grid,
+                FIXED_BATCH,
             )
         except bench_scale.BenchScaleError as error:  # its steps count, if it took them
             partial = _partial(error)
@@ -515,7 +520,7 @@ def run_ours(
 
     try:
         if step_guess_s is None:
-            step_guess_s = train(batch, TIMING_STEPS)["steady_step_s"]
+            step_guess_s = train(batch, TIMING_STEPS, timing=True)["steady_step_s"]
         steps, result = train_for(step_guess_s)
         trained_s = result["step_s"] * result["steps"]
         if abs(trained_s - budget_s) > BUDGET_TOLERANCE * budget_s:  # once, at its own pace

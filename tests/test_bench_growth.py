@@ -98,9 +98,10 @@ def test_thrash_guard_stops_a_run_that_starves_the_host_and_spares_others(tmp_pa
 def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoint_on_one(
     monkeypatch, tmp_path
 ) -> None:
-    """The control flow around a refusal (runs faked): the run that is refused is run
-    again with ``train.evaluate false``, so is every later one, the last keeps a
-    checkpoint of its last step, and that checkpoint is evaluated on one process."""
+    """The control flow around a refusal (runs faked): a timing run is not evaluated, the
+    run that is refused is run again with ``train.evaluate false``, so is every later one,
+    the last keeps a checkpoint of its last step, and that checkpoint is evaluated on one
+    process."""
     calls = []
     refusal = (
         "scalegnn: error: parallel.grid 1x2x2x2: a full-graph evaluation needs 2.59 GB a rank "
@@ -142,7 +143,9 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     )
     size = bench_growth.GrowthSize("sparse", 10_000_000)
     row = bench_growth.run_ours(None, size, "1x2x2x2", 20.0, 0.5, tmp_path)
-    assert [c.get("train.evaluate") for c in calls] == [None, "false", "false"]
+    # the timing run at the fixed B is never evaluated; the budget run is, until refused
+    assert [c.get("train.evaluate") for c in calls] == ["false", None, "false"]
+    assert calls[0]["sampling.batch_size"] == bench_growth.FIXED_BATCH
     assert calls[-1]["output.dir"] == tmp_path / "ckpt-sparse-10000000-1x2x2x2"
     assert calls[-1]["output.checkpoint_every"] == 40 and row["steps"] == 40
     assert row["test_acc"] == 0.81 and row["train_max_rss_mb"] == [1900.0] * 8
