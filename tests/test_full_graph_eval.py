@@ -10,6 +10,7 @@ run empty chunks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from dgl_scalegnn.data.tiles import release_pages
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.stack import parameter_shards
+from dgl_scalegnn.parallel import cpu_kernels
 from dgl_scalegnn.perfmodel import Workload, eval_buffer_bytes
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.sampling.full_graph import CSRRows, row_chunks
@@ -105,19 +107,33 @@ def test_chunks_cover_every_vertex_once_with_one_count_per_rank():
         assert torch.equal(torch.sort(torch.cat(covered)).values, torch.arange(GRAPH["num_nodes"]))
 
 
-def test_csr_row_chunks_multiply_like_the_dense_block(prepared):
+@pytest.mark.parametrize("native", [False, True], ids=["torch CSR", "native loop"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_csr_row_chunks_multiply_like_the_dense_block(prepared, monkeypatch, native, index_dtype):
+    """Both kernels of :class:`CSRRows` against the dense block, with 32- and 64-bit
+    column indices; the native loop runs exactly when asked for."""
+    native_calls = []
+    kernel = cpu_kernels.csr_scaled_rows
+    monkeypatch.setattr(
+        cpu_kernels, "csr_scaled_rows", lambda *args: native_calls.append(1) or kernel(*args)
+    )
     shape = GridShape.parse("1x2x3x1")
     grid = Grid4D.view(shape, shape.rank_of(Coords(0, 1, 2, 0)))
     store = RankStore(prepared, grid, num_layers=2)
+    products = 0
     for block in store.blocks.values():
+        block = dataclasses.replace(block, indices=block.indices.to(index_dtype))
         dense = full_block(block).dense()
         features = torch.randn(dense.shape[1], 4)
         expected = dense @ features
         rows = block.row_stop - block.row_start
         for start in range(0, rows + 1, 5):
             stop = min(rows, start + 5)
-            got = CSRRows(block, start, stop).matmul(features)
+            chunk = CSRRows(block, start, stop, native=native)
+            got = chunk.matmul(features)
             torch.testing.assert_close(got, expected[start:stop])
+            products += chunk.entries[0] < chunk.entries[1]  # an empty chunk needs no kernel
+    assert products > 0 and len(native_calls) == (products if native else 0)
 
 
 def test_one_process_keeps_one_block_for_all_planes(prepared):

@@ -102,11 +102,16 @@ def full_graph_buffer_bytes(model: ParallelScaleGNN, graph: FullGraph) -> int:
 
 @torch.no_grad()
 def full_graph_forward(
-    model: ParallelScaleGNN, graph: FullGraph, chunk_rows: int | None = None
+    model: ParallelScaleGNN,
+    graph: FullGraph,
+    chunk_rows: int | None = None,
+    native_kernels: bool = True,
 ) -> tuple[torch.Tensor, ShardSpec]:
     """Logits of every vertex of ``graph`` and their spec, layer by layer in chunks of
     ``chunk_rows`` output rows per rank (by default sized for the device:
-    :func:`full_graph_chunk_rows`). ``model`` must be in evaluation mode.
+    :func:`full_graph_chunk_rows`); the SpMMs on the native CPU loop where
+    ``native_kernels`` allows (:class:`~dgl_scalegnn.sampling.full_graph.CSRRows`).
+    ``model`` must be in evaluation mode.
     """
     if model.training:
         raise RuntimeError("full-graph evaluation: call model.eval() first")
@@ -130,7 +135,18 @@ def full_graph_forward(
     for layer, out_spec in zip(model.layers, buffers.outputs):
         head = model.head if layer is model.layers[-1] else None
         # the layer's input is freed once its output is complete
-        hidden = _layer(model, graph, layer, hidden, spec, out_spec, chunk_rows, head, projection)
+        hidden = _layer(
+            model,
+            graph,
+            layer,
+            hidden,
+            spec,
+            out_spec,
+            chunk_rows,
+            head,
+            projection,
+            native_kernels,
+        )
         spec, projection = out_spec, None
     return hidden, spec
 
@@ -182,6 +198,7 @@ def _layer(
     chunk_rows: int,
     head: Head | None,
     projection: InputProjection | None,
+    native_kernels: bool,
 ) -> torch.Tensor:
     """``layer`` (then ``head``, if given) on the whole graph, one chunk of output rows
     at a time, into a matrix of ``out_spec``; with ``projection`` the layer input is the
@@ -192,7 +209,7 @@ def _layer(
     layout = spec.layout
     input_start = graph.rows.range(layout.rows, coords.along(layout.rows))[0]
     count = chunk_count(spec.rows.num_nodes, grid.shape.size(out_spec.layout.rows), chunk_rows)
-    adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count)
+    adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count, native_kernels)
 
     def compute(chunk: RowChunk) -> torch.Tensor:
         # The SpMM reads every input row; the spec only carries the layout and names the

