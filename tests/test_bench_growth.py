@@ -200,12 +200,17 @@ def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
     monkeypatch, tmp_path
 ) -> None:
     """The guess says 0.5 s a step, the run takes 1.0 s: 40 steps would be 40 s of a 20 s
-    budget, so it is run again with 20 steps (runs faked)."""
-    steps_run = []
+    budget, so it is run again with 20 steps (runs faked). Each is evaluated after its
+    last two steps; the row's round is the second, the first kept beside it."""
+    steps_run, evaluated_at = [], []
 
     def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch):
         steps_run.append(steps)
-        history = [{"train_s": steps * 1.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
+        evaluated_at.append(list(at))
+        history = [
+            {"train_s": steps - 1.0, "eval_s": 2.5, "val_acc": 0.8, "test_acc": 0.8},
+            {"train_s": steps * 1.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8},
+        ]
         return {
             "history": history,
             "steps": steps,
@@ -222,3 +227,7 @@ def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
     size = bench_growth.GrowthSize("sparse", 1_000_000)  # B = 10,000: no fixed-B run
     row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, tmp_path)
     assert steps_run == [40, 20] and row["steps"] == 20 and row["train_s"] == 20.0
+    assert evaluated_at == [[39, 40], [19, 20]]
+    assert row["eval_s"] == 1.0 and row["first_eval_s"] == 2.5
+    table = growth_report._run_table([{**row, "size": size.name, "method": "ours"}])
+    assert "| 1 (first 2.5) |" in table[-1]
