@@ -40,16 +40,18 @@ SETUP_QUANTITIES = {"seconds": "preparation s", "peak_rss_mb": "preparation peak
 #: table marks which quantities of which methods differ; these say why).
 WHY: dict[str, str] = {
     "s/step at fixed B on 1 process": (
-        "0.029 s at 1M, 0.030 s at 3M and 0.041 s at 10M (N^0.16; the model: N^0). The "
+        "0.036 s at 1M, 0.032 s at 3M and 0.044 s at 10M (the model: N^0). The "
         "batch's work is the same, but its rows are gathered from a graph share ten times "
         "larger (the CSR and the features: 0.3 GB at 1M, 2.7 GB at 10M), so more of the "
-        "gathers miss the caches and the TLB; the model's rates do not depend on N."
+        "gathers miss the caches and the TLB; the model's rates do not depend on N. The "
+        "1M step is the noisiest: 0.029 s in the run before this one (then N^0.16 at "
+        "fixed B), 0.036 s here, which also flattens the growth at fixed B/N (N^0.86)."
     ),
     "s/step on 8 processes (1x2x2x2)": (
         "the 8 ranks share 2 cores, and each all-reduce's latency (a context switch per "
-        "message among 8 processes) is most of a step (0.101 of 0.168 s at 1M, sparse) and "
+        "message among 8 processes) is most of a step (0.100 of 0.160 s at 1M, sparse) and "
         "does not grow with N. The model prices a core per rank (50 us, 5 GB/s) and "
-        "predicts 0.025 s a step at 1M, 7x less than measured, most of it bandwidth that "
+        "predicts 0.025 s a step at 1M, 6x less than measured, most of it bandwidth that "
         "grows with B: measured growth is slower than predicted."
     ),
     "the plan grid": (
@@ -58,7 +60,7 @@ WHY: dict[str, str] = {
         "available) and the evaluation's whole-graph matrices now in the model, the plan "
         "ranks 8x1x1x1 first at 1M, 4x2x1x1 at 3M and 1x8x1x1 at 10M (sparse), 8x1x1x1 at "
         "1M and 2x1x2x2 at 2.45M (products-like). All ran: 1x8x1x1 at 10M evaluated at "
-        "2,981 MB a rank (the model: 3,031), and 2x1x2x2 at 2.45M was refused an "
+        "2,982 MB a rank (the model: 3,031), and 2x1x2x2 at 2.45M was refused an "
         "evaluation and evaluated on one process. Each was 1.3-2.2x slower a step than "
         "1x2x2x2: the model ranks by bandwidth, and on 2 cores latency decides."
     ),
