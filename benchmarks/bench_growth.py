@@ -47,7 +47,8 @@ Environment:
 ``SCALEGNN_BENCH_GROWTH_WORK``
     Where graphs and logs go; kept, and finished runs are not run again (resume).
 ``SCALEGNN_BENCH_GROWTH_METHODS``
-    Comma-separated subset of :data:`METHODS` (default: all).
+    A subset of :data:`METHODS`, separated by ``;`` (the names hold commas; default:
+    all).
 
 Outputs: ``benchmarks/results/bench_growth.json``, ``bench_growth.png`` and
 ``bench_growth.md``.
@@ -745,8 +746,13 @@ def main() -> dict[str, Any]:
     """Every size, every method; write the JSON, the PNG and the markdown."""
     sizes = growth_sizes()
     wanted = set(METHODS)
-    if os.environ.get("SCALEGNN_BENCH_GROWTH_METHODS"):
-        wanted = {m.strip() for m in os.environ["SCALEGNN_BENCH_GROWTH_METHODS"].split(",")}
+    if given_methods := os.environ.get("SCALEGNN_BENCH_GROWTH_METHODS"):
+        wanted = {m.strip() for m in given_methods.split(";")}
+        if unknown := sorted(wanted - set(METHODS)):
+            raise SystemExit(
+                f"SCALEGNN_BENCH_GROWTH_METHODS: unknown {unknown}; give some of "
+                f"{list(METHODS)}, separated by ';'"
+            )
     budget = float(os.environ.get("SCALEGNN_BENCH_GROWTH_BUDGET", BUDGET_PER_MILLION_S))
     start = time.perf_counter()
     given = os.environ.get("SCALEGNN_BENCH_GROWTH_WORK")

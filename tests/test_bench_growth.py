@@ -231,3 +231,24 @@ def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
     assert row["eval_s"] == 1.0 and row["first_eval_s"] == 2.5
     table = growth_report._run_table([{**row, "size": size.name, "method": "ours"}])
     assert "| 1 (first 2.5) |" in table[-1]
+
+
+def test_methods_are_chosen_by_their_names_which_hold_commas(monkeypatch, tmp_path) -> None:
+    """``SCALEGNN_BENCH_GROWTH_METHODS`` takes names separated by ``;`` and refuses one
+    it does not know before anything runs."""
+    monkeypatch.setenv("SCALEGNN_BENCH_GROWTH_WORK", str(tmp_path))
+    monkeypatch.setenv("SCALEGNN_BENCH_GROWTH_METHODS", "dgl_scalegnn, 1 process; GraphSAGE")
+    run_sizes = []
+    monkeypatch.setattr(
+        bench_growth, "run_size", lambda size, *args: run_sizes.append((size, args[5]))
+    )
+    monkeypatch.setattr(bench_growth, "write_results", lambda name, payload: tmp_path / name)
+    monkeypatch.setattr(bench_growth.growth_report, "analyse", lambda payload: {})
+    monkeypatch.setattr(bench_growth.growth_report, "write", lambda payload, path: None)
+    bench_growth.main()
+    assert run_sizes and all(
+        wanted == {"dgl_scalegnn, 1 process", "GraphSAGE"} for _, wanted in run_sizes
+    )
+    monkeypatch.setenv("SCALEGNN_BENCH_GROWTH_METHODS", "dgl_scalegnn, 1 process, GraphSAGE")
+    with pytest.raises(SystemExit, match="unknown"):
+        bench_growth.main()
