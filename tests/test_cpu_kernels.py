@@ -208,3 +208,21 @@ def test_ranks_share_one_build_in_the_cache(tmp_path):
         for process in processes:
             process.kill()
     assert sorted(p.suffix for p in (tmp_path / "kernels").iterdir()) == [".json", ".so"]
+
+
+def test_csr_scaled_rows_takes_strided_inputs_and_refuses_rows_past_the_block():
+    """The SpMM loop against a dense product, with every input a strided view (copied
+    to contiguous memory before the call), and rows outside the block refused."""
+    generator = torch.Generator().manual_seed(0)
+    dense = (torch.rand(6, 5, generator=generator) < 0.5).float()
+    row_scale, col_scale = torch.rand(12, generator=generator), torch.rand(10, generator=generator)
+    crow = torch.cat([torch.zeros(1, dtype=torch.int64), dense.sum(1).cumsum(0).long()])
+    indices = dense.nonzero()[:, 1].to(torch.int32)
+    x = torch.randn(5, 16, generator=generator)[:, ::2]
+    expected = row_scale[::2, None] * (dense @ (col_scale[::2, None] * x))
+    got = cpu_kernels.csr_scaled_rows(
+        crow.repeat_interleave(2)[::2], indices, row_scale[::2], col_scale[::2], x, 1, 6
+    )
+    torch.testing.assert_close(got, expected[1:6])
+    with pytest.raises(IndexError, match="rows"):
+        cpu_kernels.csr_scaled_rows(crow, indices, row_scale, col_scale, x, 2, 7)

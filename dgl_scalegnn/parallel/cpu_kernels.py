@@ -527,10 +527,16 @@ def csr_scaled_rows(
     :math:`r_i \\sum_j c_j x_j` row by row, without a value array or a CSR copy."""
     if indptr.dtype != torch.int64 or indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(
-            f"csr_scaled_rows: indptr int64 and indices int32/int64, got "
+            "csr_scaled_rows: indptr int64 and indices int32/int64, got "
             f"{indptr.dtype} and {indices.dtype}"
         )
-    x = x.contiguous()
+    if not 0 <= start <= stop < indptr.numel():
+        raise IndexError(f"csr_scaled_rows: rows [{start}, {stop}) of {indptr.numel() - 1}")
+    # bound to names: a copy made here must outlive the call (arrays already contiguous,
+    # as a block's are, are not copied)
+    indptr, indices, row_scale, col_scale, x = (
+        t.contiguous() for t in (indptr, indices, row_scale, col_scale, x)
+    )
     out = x.new_empty(stop - start, x.shape[1])
     _call(
         "csr_scaled_rows",
