@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 
@@ -74,28 +73,35 @@ def trainer() -> Trainer:
     return trainer
 
 
-def _logits(trainer: Trainer, chunk_rows: int, native_kernels: bool = False) -> torch.Tensor:
-    """The logits by the CUDA path (the torch CSR), unless ``native_kernels``."""
-    graph = trainer.store.full_graph()
-    return full_graph_forward(trainer.model, graph, chunk_rows, native_kernels)[0]
+@pytest.fixture(autouse=True)
+def cuda_path(trainer, monkeypatch) -> None:
+    """Every test here takes the CUDA path (the torch CSR) unless it switches the model's
+    native kernels on."""
+    monkeypatch.setattr(trainer.model.layer_tail, "native", False)
+
+
+def _logits(trainer: Trainer, chunk_rows: int) -> torch.Tensor:
+    return full_graph_forward(trainer.model, trainer.store.full_graph(), chunk_rows)[0]
 
 
 def test_native_loop_evaluates_as_the_torch_csr_and_only_when_switched_on(trainer, monkeypatch):
-    """``parallel.native_kernels`` picks the SpMM of every chunk: the native loop (no CSR
-    built) or the torch CSR (one per chunk and product); the logits agree to rounding."""
+    """The model's native kernels (``parallel.native_kernels``) pick the SpMM of every
+    chunk: the native loop (no CSR built) or the torch CSR (one per chunk and product);
+    the logits and :meth:`Trainer.evaluate`'s accuracies agree to rounding."""
     built = []
     monkeypatch.setattr(
         full_graph, "csr_tensor", lambda *args: built.append(1) or csr_tensor(*args)
     )
-    native = _logits(trainer, CHUNK_ROWS, native_kernels=True)
+    monkeypatch.setattr(trainer.model.layer_tail, "native", True)
+    native = _logits(trainer, CHUNK_ROWS)
     assert not built
+    monkeypatch.setattr(trainer.model.layer_tail, "native", False)
     torch_csr = _logits(trainer, CHUNK_ROWS)
     assert len(built) == (LAYERS + 1) * -(-NUM_NODES // CHUNK_ROWS)
     assert relative_error(native, torch_csr) < 1e-5
     accuracies = {}
     for switch in (True, False):
-        parallel = dataclasses.replace(trainer.cfg.parallel, native_kernels=switch)
-        monkeypatch.setattr(trainer, "cfg", dataclasses.replace(trainer.cfg, parallel=parallel))
+        monkeypatch.setattr(trainer.model.layer_tail, "native", switch)
         built.clear()
         accuracies[switch] = trainer.evaluate()
         assert bool(built) != switch, switch
@@ -128,7 +134,7 @@ def test_every_chunk_gets_a_rebased_csr_of_its_own(trainer, monkeypatch):
 def _syncs(trainer: Trainer, chunk_rows: int) -> int:
     graph = trainer.store.full_graph()
     with HostSyncCounter() as syncs:
-        full_graph_forward(trainer.model, graph, chunk_rows, native_kernels=False)
+        full_graph_forward(trainer.model, graph, chunk_rows)
     return syncs.total
 
 

@@ -105,12 +105,11 @@ def full_graph_forward(
     model: ParallelScaleGNN,
     graph: FullGraph,
     chunk_rows: int | None = None,
-    native_kernels: bool = True,
 ) -> tuple[torch.Tensor, ShardSpec]:
     """Logits of every vertex of ``graph`` and their spec, layer by layer in chunks of
     ``chunk_rows`` output rows per rank (by default sized for the device:
-    :func:`full_graph_chunk_rows`); the SpMMs on the native CPU loop where
-    ``native_kernels`` allows (:class:`~dgl_scalegnn.sampling.full_graph.CSRRows`).
+    :func:`full_graph_chunk_rows`); the SpMMs on the native CPU loop where the model's
+    native kernels are on (:class:`~dgl_scalegnn.sampling.full_graph.CSRRows`).
     ``model`` must be in evaluation mode.
     """
     if model.training:
@@ -135,18 +134,7 @@ def full_graph_forward(
     for layer, out_spec in zip(model.layers, buffers.outputs):
         head = model.head if layer is model.layers[-1] else None
         # the layer's input is freed once its output is complete
-        hidden = _layer(
-            model,
-            graph,
-            layer,
-            hidden,
-            spec,
-            out_spec,
-            chunk_rows,
-            head,
-            projection,
-            native_kernels,
-        )
+        hidden = _layer(model, graph, layer, hidden, spec, out_spec, chunk_rows, head, projection)
         spec, projection = out_spec, None
     return hidden, spec
 
@@ -198,7 +186,6 @@ def _layer(
     chunk_rows: int,
     head: Head | None,
     projection: InputProjection | None,
-    native_kernels: bool,
 ) -> torch.Tensor:
     """``layer`` (then ``head``, if given) on the whole graph, one chunk of output rows
     at a time, into a matrix of ``out_spec``; with ``projection`` the layer input is the
@@ -209,7 +196,8 @@ def _layer(
     layout = spec.layout
     input_start = graph.rows.range(layout.rows, coords.along(layout.rows))[0]
     count = chunk_count(spec.rows.num_nodes, grid.shape.size(out_spec.layout.rows), chunk_rows)
-    adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count, native_kernels)
+    native = model.layer_tail.native  # the model's one switch for its native kernels
+    adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count, native)
 
     def compute(chunk: RowChunk) -> torch.Tensor:
         # The SpMM reads every input row; the spec only carries the layout and names the

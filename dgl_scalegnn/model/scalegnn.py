@@ -64,7 +64,8 @@ class ParallelScaleGNN(nn.Module):
         tensors, not on CPU ones).
     native : bool
         Run the element-wise tail and the norms on the native CPU kernels where they
-        build (:mod:`~dgl_scalegnn.parallel.cpu_kernels`).
+        build (:mod:`~dgl_scalegnn.parallel.cpu_kernels`), and the full-graph
+        evaluation's SpMMs (:func:`~dgl_scalegnn.model.full_graph.full_graph_forward`).
 
     Examples
     --------

@@ -377,8 +377,7 @@ class Trainer:
         """Full-graph accuracy per split (a layer-wise distributed forward in row chunks)."""
         self.model.eval()
         graph = self.store.full_graph()
-        native = self.cfg.parallel.native_kernels
-        logits, spec = full_graph_forward(self.model, graph, native_kernels=native)
+        logits, spec = full_graph_forward(self.model, graph)
         counts = self.objective.counts(logits, spec, graph)
         del logits
         release_free_heap()  # the evaluation's row chunks, else the next one grows the heap
