@@ -40,8 +40,9 @@ SETUP_QUANTITIES = {"seconds": "preparation s", "peak_rss_mb": "preparation peak
 #: table marks which quantities of which methods differ; these say why).
 WHY: dict[str, str] = {
     "s/step at fixed B on 1 process": (
-        "0.032 s at 1M, 0.049 s at 3M and 0.033 s at 10M (the model: N^0), flat but for "
-        "the 3M run; the run before this one measured 0.036, 0.032 and 0.044 s. The "
+        "0.030 s at 1M, 0.036 s at 3M and 0.031 s at 10M (the model: N^0); the run "
+        "before this one measured 0.036, 0.032 and 0.044 s, and this one's first try "
+        "0.032, 0.049 and 0.033 s. The "
         "batch's work is the same at every size, but its rows are gathered from a graph "
         "share ten times larger (the CSR and the features: 0.3 GB at 1M, 2.7 GB at 10M), "
         "so more gathers can miss the caches and the TLB; on 2 shared cores that shows as "
