@@ -60,7 +60,8 @@ __all__ = [
 #: are 32 MB of float32.
 DEFAULT_CHUNK_ROWS = 65536
 #: Output rows per chunk on one TP rank, where a chunk costs no collective, only its
-#: temporaries (8 rows of the widest matrix per row: 16 MB of float32 at width 128).
+#: temporaries (:data:`CHUNK_TEMPORARIES` matrices of the chunk's rows: 32Ki rows of
+#: width 128 are 16 MB of float32 each).
 #: Sparse 1M graph on one process, three rounds each: 65536 rows peaked at 1,474 MB,
 #: 32768 at 1,325 MB, 8192 at 1,259 MB, all in 1.29-1.33 s a round; sparse 10M, second
 #: rounds: 17.3 s with 65536 rows, 18.0 s with 32768, 19.3 s with 8192.
