@@ -1,12 +1,13 @@
 """Start a group of real rank processes quickly.
 
-Ranks are forked from a forkserver that has already imported torch, DGL and
-dgl_scalegnn (importing them costs ~3 s of CPU per process; 8 ranks on 2 cores would
-spend most of a test importing). Each rank gets the environment torchrun gives
-(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), the job secret
-launch/torchrun.sh hands (SCALEGNN_JOB_SECRET, drawn per group), one thread (or the
-``OMP_NUM_THREADS`` the test passes in ``env``), and its own stdout/stderr files; a
-failing rank fails the test with every rank's output.
+Ranks are forked from a forkserver that has already imported torch (with the
+compiler front end its optimizers import), DGL and dgl_scalegnn (importing them costs
+~3 s of CPU per process; 8 ranks on 2 cores would spend most of a test importing).
+Each rank gets the environment torchrun gives (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT), the job secret launch/torchrun.sh hands
+(SCALEGNN_JOB_SECRET, drawn per group), one thread (or the ``OMP_NUM_THREADS`` the
+test passes in ``env``), and its own stdout/stderr files; a failing rank fails the test
+with every rank's output.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 _PRELOAD = [
     "torch",
+    "torch._dynamo",  # imported by the first torch.optim optimizer a rank builds (~1 s)
     "dgl_scalegnn.sampling.dgl_loader",  # imports DGL itself (the package defers it)
     "dgl_scalegnn.train.run",
     "dgl_scalegnn.cli",

@@ -551,6 +551,24 @@ def test_fusion_forced_on_the_cpu_runs_compiled_kernels():
     assert tail.fused is True and tail.calls == {"native": 0, "compiled": 2, "eager": 0}
 
 
+def test_kernels_are_compiled_at_their_first_fused_call_only(monkeypatch):
+    """``torch.compile`` imports the compiler (about 1 s of CPU and 45 MB a rank) at its
+    first call: an ``auto`` tail on the CPU never calls it, a fused one at its first step."""
+    compiled = []
+
+    def compile_spy(kernel, **options):
+        compiled.append(kernel.__name__)
+        return kernel
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    auto, fused = LayerTail("auto"), LayerTail(True)
+    assert compiled == []  # built, nothing compiled yet
+    _tail_step(auto)
+    assert compiled == [] and auto.fused is False
+    _tail_step(fused)
+    assert compiled == ["tail_forward", "tail_backward"] and fused.calls["compiled"] == 2
+
+
 # ----------------------------------------------------------------------- timers
 
 
