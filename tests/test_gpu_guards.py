@@ -552,8 +552,9 @@ def test_fusion_forced_on_the_cpu_runs_compiled_kernels():
 
 
 def test_kernels_are_compiled_at_their_first_fused_call_only(monkeypatch):
-    """``torch.compile`` imports the compiler (about 1 s of CPU and 45 MB a rank) at its
-    first call: an ``auto`` tail on the CPU never calls it, a fused one at its first step."""
+    """``torch.compile`` imports the compiler (torch._inductor alone: 0.7 s of CPU and
+    45 MB a process) at its first call: an ``auto`` tail on the CPU never calls it, a
+    fused one at its first step."""
     compiled = []
 
     def compile_spy(kernel, **options):
