@@ -295,14 +295,19 @@ class TrainConfig:
     ``eval_every_steps`` steps and after each step count in ``eval_at_steps`` (a list,
     e.g. log-spaced to read a time to target within a constant factor with few
     evaluations); always after the last step. ``evaluate: false`` trains without any
-    full-graph evaluation (where the ranks' memory cannot hold one: evaluate a checkpoint
-    later on a grid that can, by resuming it there with ``max_steps`` at its step).
+    full-graph evaluation. ``evaluation`` says how one runs: ``layerwise`` (each layer
+    over every vertex, its input and output held whole and shared by the grid),
+    ``neighbourhood`` (each rank its share of the vertices, a chunk at a time, from their
+    whole neighbourhoods: memory bounded by the chunk, work recomputed about the average
+    degree times in the first layer) or ``auto``: layer-wise where the ranks' memory holds
+    it, else neighbourhood, said at start-up with the figures.
     ``progress``: on a terminal, a bar of the steps on stderr (the console's lines print
     above it).
     """
 
     epochs: int = 20
     evaluate: bool = True
+    evaluation: str = "auto"
     eval_every: int = 1
     eval_every_steps: int | None = None
     eval_at_steps: tuple[int, ...] = ()
@@ -447,6 +452,7 @@ _CHOICES = {
     "data.name": DATASET_NAMES,
     "train.target_metric": ("train_acc", "val_acc", "test_acc"),
     "train.on_nonfinite": ("stop", "skip"),
+    "train.evaluation": ("auto", "layerwise", "neighbourhood"),
     "parallel.device": ("auto", "cpu", "cuda"),
     "parallel.backend": ("auto", "gloo", "nccl"),
     "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),

@@ -104,7 +104,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     process."""
     calls = []
     refusal = (
-        "scalegnn: error: parallel.grid 1x2x2x2: a full-graph evaluation needs 2.59 GB a rank "
+        "scalegnn: error: parallel.grid 1x2x2x2: a layer-wise evaluation needs 2.59 GB a rank "
         "beside what the rank holds"
     )
 
@@ -145,11 +145,12 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     row = bench_growth.run_ours(None, size, "1x2x2x2", 20.0, 0.5, tmp_path)
     # the timing run at the fixed B is never evaluated; the budget run is, until refused
     assert [c.get("train.evaluate") for c in calls] == ["false", None, "false"]
+    assert calls[1]["train.evaluation"] == "layerwise"  # never minutes in neighbourhoods
     assert calls[0]["sampling.batch_size"] == bench_growth.FIXED_BATCH
     assert calls[-1]["output.dir"] == tmp_path / "ckpt-sparse-10000000-1x2x2x2"
     assert calls[-1]["output.checkpoint_every"] == 40 and row["steps"] == 40
     assert row["test_acc"] == 0.81 and row["train_max_rss_mb"] == [1900.0] * 8
-    assert row["evaluated_elsewhere"]["why"].startswith("parallel.grid 1x2x2x2: a full-graph")
+    assert row["evaluated_elsewhere"]["why"].startswith("parallel.grid 1x2x2x2: a layer-wise")
     table = "\n".join(growth_report._run_table([{**row, "size": size.name, "method": "ours"}]))
     assert "refused; its checkpoint on 1 process: 42" in table
     assert "training max 1900 (sum 15200); 1 process evaluating 8875" in table

@@ -1,9 +1,13 @@
-"""A run whose full-graph evaluation cannot fit is refused before its first step.
+"""A run whose layer-wise evaluation cannot fit evaluates in neighbourhoods
+(``train.evaluation: auto``), or is refused before its first step where
+``layerwise`` is asked for.
 
 Oracle: the cost model's count of what an evaluation adds on a rank
 (:func:`~dgl_scalegnn.perfmodel.eval_memory_bytes`: its whole-graph matrices and one
 chunk's temporaries, derived from the layouts alone). The shortage is injected by giving
 the ranks that much available memory, a byte less, or (on one rank of four) almost none.
+The neighbourhood evaluation that ``auto`` falls back to reports what the layer-wise
+evaluation of the same run reports.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ CONFIG = {
     "sampling": {"batch_size": 300},
     "train": {"epochs": 1, "max_steps": 2, "progress": False},
 }
+LAYERWISE = {**CONFIG, "train": {**CONFIG["train"], "evaluation": "layerwise"}}
 
 
 def _oracle(grid: str) -> float:
@@ -52,20 +57,41 @@ def _give(monkeypatch, available: int) -> None:
     monkeypatch.setattr(defaults, "available_bytes", lambda device="cpu", local_ranks=1: available)
 
 
-def test_one_process_runs_with_just_enough_and_is_refused_a_byte_short(monkeypatch, tmp_path):
+def _accuracies(path) -> list[float]:
+    (evaluation,) = [e for e in read_metrics(path) if e["event"] == "eval"]
+    return [evaluation[f"{split}_acc"] for split in ("train", "val", "test")]
+
+
+def test_one_process_runs_with_just_enough_and_a_byte_short_is_refused_or_switched(
+    monkeypatch, tmp_path
+):
     need = _oracle("1x1x1x1")
     _give(monkeypatch, math.ceil(need))
     summary = run_training(config_from_mapping(CONFIG), str(tmp_path / "enough.jsonl"))
     assert summary["steps"] == 2
+    start = next(e for e in read_metrics(tmp_path / "enough.jsonl") if e["event"] == "start")
+    assert start["evaluation"].startswith("layerwise")
 
     _give(monkeypatch, math.floor(need) - 1)
     path = tmp_path / "short.jsonl"
     with pytest.raises(ConfigError) as refused:
-        run_training(config_from_mapping(CONFIG), str(path))
+        run_training(config_from_mapping(LAYERWISE), str(path))
     message = str(refused.value)
-    assert "a full-graph evaluation needs" in message
+    assert "a layer-wise evaluation needs" in message
     assert f"{need / 1e9:.2f} GB a rank" in message and "killed for memory" in message
+    assert "train.evaluation to neighbourhood" in message
     assert not [e for e in read_metrics(path) if e["event"] == "step"]  # before any step
+
+    # auto (the default) evaluates in neighbourhoods instead, and says so with the figures
+    summary = run_training(config_from_mapping(CONFIG), str(tmp_path / "switched.jsonl"))
+    events = read_metrics(tmp_path / "switched.jsonl")
+    assert summary["steps"] == 2
+    assert next(e for e in events if e["event"] == "start")["evaluation"].startswith(
+        "neighbourhood"
+    )
+    notes = [e["message"] for e in events if e["event"] == "note"]
+    assert any(f"{need / 1e9:.2f} GB a rank" in n and "in neighbourhoods" in n for n in notes)
+    assert _accuracies(tmp_path / "switched.jsonl") == _accuracies(tmp_path / "enough.jsonl")
 
 
 def test_every_rank_stops_when_one_rank_is_short(tmp_path):
@@ -75,7 +101,7 @@ def test_every_rank_stops_when_one_rank_is_short(tmp_path):
     code, silently."""
     grid = "1x2x2x1"
     config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(CONFIG))
+    config.write_text(yaml.safe_dump(LAYERWISE))
     metrics = tmp_path / "metrics.jsonl"
     argv = ["train", "--config", str(config), "--grid", grid, "--metrics", str(metrics)]
     started = time.monotonic()
@@ -91,9 +117,27 @@ def test_every_rank_stops_when_one_rank_is_short(tmp_path):
     codes = sorted(code for code, _ in results)
     assert codes == [2, ABORT_EXIT_CODE, ABORT_EXIT_CODE, ABORT_EXIT_CODE], results
     said = next(output for code, output in results if code == 2)
-    assert f"scalegnn: error: parallel.grid {grid}: a full-graph evaluation needs" in said
+    assert f"scalegnn: error: parallel.grid {grid}: a layer-wise evaluation needs" in said
     assert f"{_oracle(grid) / 1e9:.2f} GB a rank" in said
     assert not [e for e in read_metrics(metrics) if e["event"] == "step"]
+
+
+def test_every_rank_evaluates_in_neighbourhoods_when_one_rank_is_short(tmp_path):
+    """With ``auto`` the same shortage on rank 2 makes all four ranks evaluate in
+    neighbourhoods (each its quarter of the vertices, with the gathered parameters):
+    the accuracies of the same run evaluated layer-wise on one process."""
+    grid = "1x2x2x1"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    metrics = tmp_path / "metrics.jsonl"
+    argv = ["train", "--config", str(config), "--grid", grid, "--metrics", str(metrics)]
+    spawn_ranks(4, "tests.workers.short_of_memory:main", [argv, 2, 2**20], tmp_path / "ranks")
+    events = read_metrics(metrics)
+    assert next(e for e in events if e["event"] == "start")["evaluation"].startswith(
+        "neighbourhood"
+    )
+    run_training(config_from_mapping(LAYERWISE), str(tmp_path / "one.jsonl"))
+    assert _accuracies(metrics) == _accuracies(tmp_path / "one.jsonl")
 
 
 def test_training_without_evaluation_then_evaluating_its_checkpoint_matches_a_run(

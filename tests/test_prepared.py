@@ -46,7 +46,7 @@ def test_cli_prepare_then_verify_cora(tmp_path, monkeypatch, capsys):
     assert main(["prepare", "--verify", str(out)]) == 0
     assert "ok (cora, 2708 vertices" in capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["format_version"] == 1 and meta["num_classes"] == 7
+    assert meta["format_version"] == 2 and meta["num_classes"] == 7
     assert set(meta["files"]) >= {"offsets", "rows", "cols", "values", "features", "labels"}
 
 

@@ -207,7 +207,7 @@ def test_bad_prepared_data_is_refused_at_load(tmp_path, capsys, fault):
         expected = r"values\.npy: bytes \d+-\d+ differ from their checksum"
     elif fault == "format version":
         meta = directory / "meta.json"
-        meta.write_text(meta.read_text().replace('"format_version": 1', '"format_version": 0'))
+        meta.write_text(meta.read_text().replace('"format_version": 2', '"format_version": 0'))
         expected = r"meta\.json: format version 0"
     else:
         name = "cora"

@@ -54,9 +54,10 @@ __all__ = [
     "non_finite_error",
 ]
 
-FORMAT_VERSION = 1
+#: 2: the adjacency's columns are also stored in row order (``row_indptr``, ``row_cols``).
+FORMAT_VERSION = 2
 #: Arrays of the adjacency (see :mod:`~dgl_scalegnn.data.tiles`) and of the vertices.
-ADJACENCY_ARRAYS = ("offsets", "rows", "cols", "values", "degrees")
+ADJACENCY_ARRAYS = ("offsets", "rows", "cols", "values", "degrees", "row_indptr", "row_cols")
 VERTEX_ARRAYS = (
     "features",
     "labels",

@@ -297,6 +297,9 @@ def _write_group(
     order = np.argsort(tile, kind="stable")
     del tile
     index = index_dtype(n)
+    # the group's rows are whole row tiles: its entries start at ``start`` in row order too
+    target, offset = files["row_cols"]
+    _write_at(target, offset + start * np.dtype(index).itemsize, cols.astype(index))
     for name, column in (("rows", rows), ("cols", cols)):
         target, offset = files[name]
         _write_at(target, offset + start * np.dtype(index).itemsize, column[order].astype(index))
@@ -466,6 +469,8 @@ def _shapes(source: GraphSource, n: int, nnz: int, tiles: int) -> dict:
         "cols": (index, (nnz,)),
         "values": (np.dtype(np.float32), (nnz,)),
         "degrees": (np.dtype(np.int64), (n,)),
+        "row_indptr": (np.dtype(np.int64), (n + 1,)),
+        "row_cols": (index, (nnz,)),
         "features": (np.dtype(np.float32), (n, source.num_features)),
         "labels": (labels.dtype, labels.shape),
         **{name: (np.dtype(np.bool_), (n,)) for name in MASK_NAMES},
@@ -495,11 +500,17 @@ def _write_small_arrays(
     tile_offsets = np.zeros(layout.tile_count**2 + 1, dtype=np.int64)
     np.cumsum(counts, out=tile_offsets[1:])
     _write_at(staging / "offsets.npy", offsets["offsets"], tile_offsets)
-    position = offsets["degrees"]
+    position, row_start, entries_before = offsets["degrees"], 0, 0
+    _write_at(staging / "row_indptr.npy", offsets["row_indptr"], np.zeros(1, np.int64))
     for part in parts:
         degrees = np.load(part / "degrees.npy")
         _write_at(staging / "degrees.npy", position, degrees)
+        # a row's stored entries are its degree (A + I): row pointers are their running sum
+        ends = np.cumsum(degrees) + entries_before
+        _write_at(staging / "row_indptr.npy", offsets["row_indptr"] + 8 * (row_start + 1), ends)
         position += degrees.nbytes
+        row_start += degrees.size
+        entries_before = int(ends[-1]) if ends.size else entries_before
     _write_at(staging / "permutation.npy", offsets["permutation"], permutation)
     for name in ("labels", *MASK_NAMES):
         values = source.labels if name == "labels" else source.masks[name]

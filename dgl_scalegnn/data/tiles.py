@@ -4,7 +4,11 @@ Tile ``(i, j)`` holds the entries whose row lies in vertex range ``i`` and whose
 column lies in range ``j`` of :func:`~dgl_scalegnn.core.layout.split_bounds`
 ``(N, T)``; tiles are stored one after another in row-major tile order, each sorted by
 ``(row, col)``, as three flat arrays ``rows``, ``cols``, ``values`` and a
-``(T*T + 1,)`` offset array. A rank that needs the block ``[R0, R1) x [C0, C1)`` reads,
+``(T*T + 1,)`` offset array; the same entries' columns are stored once more in row
+order (``row_cols``, a CSR without values under ``row_indptr``), so that the entries of
+any set of rows take one read each (a neighbourhood evaluation:
+:mod:`~dgl_scalegnn.sampling.neighbourhood`).
+A rank that needs the block ``[R0, R1) x [C0, C1)`` reads,
 for each row tile of ``[R0, R1)``, one contiguous run covering the column tiles of
 ``[C0, C1)``: it reads its share plus at most a partial tile at each edge, whatever
 the grid shape. (A plain CSR would make it read whole rows: ``Gc`` times its share.)
@@ -54,7 +58,8 @@ class TiledAdjacency:
 
     ``offsets`` ``(T*T + 1,)`` int64; ``rows``/``cols`` ``(nnz,)`` int32 (int64 when
     ``N >= 2^31``); ``values`` ``(nnz,)`` float32; ``degrees`` ``(N,)`` int64 of
-    :math:`A + I`.
+    :math:`A + I` (the stored entries of each row); ``row_indptr`` ``(N + 1,)`` int64
+    and ``row_cols`` ``(nnz,)`` (the ids' type): the columns in ``(row, col)`` order.
     """
 
     num_nodes: int
@@ -64,6 +69,8 @@ class TiledAdjacency:
     cols: np.ndarray
     values: np.ndarray
     degrees: np.ndarray
+    row_indptr: np.ndarray
+    row_cols: np.ndarray
 
     @property
     def nnz(self) -> int:
@@ -93,6 +100,8 @@ def tile_adjacency(csr: NormalizedCSR, tile_count: int | None = None) -> TiledAd
         cols=csr.indices[order].astype(ids),
         values=csr.values[order],
         degrees=csr.degrees,
+        row_indptr=csr.indptr.astype(np.int64),
+        row_cols=csr.indices.astype(ids),
     )
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import ParallelConfig
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.core.layout import Axis
 from dgl_scalegnn.distributed.grid import CommGroup, Grid4D
 from dgl_scalegnn.profiling import Profiler
@@ -58,6 +59,12 @@ class Runtime:
     @classmethod
     def single_process(cls) -> Runtime:
         return cls(Grid4D.single_process(), CommOptions(), Profiler(enabled=False))
+
+    @classmethod
+    def this_process(cls) -> Runtime:
+        """A one-rank grid inside any world (a job of many ranks included): its groups
+        have one member, so its operators send nothing."""
+        return cls(Grid4D.view(GridShape(1, 1, 1, 1), 0), CommOptions(), Profiler(enabled=False))
 
 
 def _skip(group: CommGroup) -> bool:

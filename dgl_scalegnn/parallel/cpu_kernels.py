@@ -30,6 +30,7 @@ tensor([[25.]])
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import json
 import logging
@@ -42,6 +43,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from dgl_scalegnn.config import ConfigError, default_cache_dir
@@ -58,6 +60,7 @@ __all__ = [
     "tail_backward",
     "add_row_scaled",
     "csr_scaled_rows",
+    "pread_runs",
 ]
 
 _log = logging.getLogger(__name__)
@@ -77,7 +80,10 @@ _SIGNATURES = {
     "add_row_scaled": "pppiin",
     "masked_grad": "ppfpiin",
     "csr_scaled_rows": "ppnppppiiin",
+    "pread_runs": "niippip",
 }
+#: Kernels that return a value (the others return nothing).
+_RETURNS = {"pread_runs": ctypes.c_int64}
 _CTYPES = {
     "p": ctypes.c_void_p,
     "i": ctypes.c_int64,
@@ -347,11 +353,11 @@ def load() -> ctypes.CDLL | None:
         compiler = _compiler()
         if compiler is None:
             raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} not found)")
-        library = ctypes.CDLL(str(_build(compiler)))
+        library = ctypes.CDLL(str(_build(compiler)), use_errno=True)
         for name, signature in _SIGNATURES.items():
             function = getattr(library, name)
             function.argtypes = [_CTYPES[code] for code in signature]
-            function.restype = None
+            function.restype = _RETURNS.get(name)
         _library = library
     # AttributeError: a symbol is missing; ConfigError: the cache directory is not private
     except (OSError, RuntimeError, AttributeError, ConfigError) as error:
@@ -553,3 +559,46 @@ def csr_scaled_rows(
         torch.get_num_threads(),
     )
     return out
+
+
+def pread_runs(
+    fd: int,
+    base: int,
+    row_bytes: int,
+    starts: np.ndarray,
+    counts: np.ndarray | None,
+    out: np.ndarray,
+) -> None:
+    """Runs of rows of an open file into ``out`` (contiguous, packed), one ``pread`` a run:
+    run ``i`` is ``counts[i]`` rows (one without ``counts``) of ``row_bytes`` from row
+    ``starts[i]`` of the array at byte ``base``. Natively where the library loads, else a
+    Python loop of the same reads (about 1.5 us a run against 0.7)."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    counts = None if counts is None else np.ascontiguousarray(counts, dtype=np.int64)
+    if not out.flags.c_contiguous:
+        raise ValueError("pread_runs: out must be contiguous")
+    library = load()
+    if library is not None:
+        read = library.pread_runs(
+            fd,
+            base,
+            row_bytes,
+            starts.ctypes.data,
+            None if counts is None else counts.ctypes.data,
+            starts.size,
+            out.ctypes.data,
+        )
+        if read < 0:
+            error = ctypes.get_errno() or errno.EIO
+            raise OSError(error, f"reading rows of a prepared file: {os.strerror(error)}")
+        return
+    view = memoryview(out).cast("B")
+    position = 0
+    lengths = [1] * starts.size if counts is None else counts.tolist()
+    for start, count in zip(starts.tolist(), lengths):
+        end, offset = position + count * row_bytes, base + start * row_bytes
+        while position < end:
+            got = os.preadv(fd, [view[position:end]], offset)
+            if got <= 0:
+                raise OSError(errno.EIO, "reading rows of a prepared file: the file is short")
+            position, offset = position + got, offset + got

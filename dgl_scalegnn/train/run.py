@@ -224,7 +224,7 @@ def run_training(
             graph = load_graph(cfg, session)
             cfg = with_graph_defaults(cfg, graph, session, metrics)
             trainer = Trainer(cfg, graph, runtime, metrics, session.device)
-            trainer.check_evaluation_fits(session.launch.local_world_size or 1)
+            trainer.choose_evaluation(session.launch.local_world_size or 1)
             return trainer.fit()
         finally:
             metrics.close()

@@ -6,7 +6,9 @@ of the batch alone. An epoch is ``ceil(ceil(N / B) / Gd)`` steps. After backward
 gradients are averaged over the DP group and one Adam step follows. Every
 ``eval_every`` epochs (or on the step schedule of ``eval_every_steps`` and
 ``eval_at_steps``) the whole normalised graph is
-evaluated by one distributed forward pass (no sampling); training stops at the target
+evaluated (no sampling): by one distributed layer-wise forward pass, or, where its
+whole-graph matrices do not fit the ranks (``train.evaluation``), by every rank from its
+share of the vertices' neighbourhoods; training stops at the target
 accuracy or after the last epoch. The summary records each rank's peak resident memory.
 Training time excludes evaluation, as the paper reports it.
 """
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, ConfigError
+from dgl_scalegnn.core.layout import split_bounds
 from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
@@ -33,11 +36,17 @@ from dgl_scalegnn.model.full_graph import (
     full_graph_forward,
     full_graph_memory,
 )
+from dgl_scalegnn.model.neighbourhood import (
+    COUNT_CHUNK_ROWS,
+    NeighbourhoodEvaluator,
+    one_rank_copy,
+)
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind
 from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.sampling.batch import RankBatch
+from dgl_scalegnn.sampling.full_graph import chunk_count
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.sampler import build_sampler
 from dgl_scalegnn.sampling.store import RankStore
@@ -168,6 +177,10 @@ class Trainer:
         self.device = torch.device(device)
         #: ``sampling.method``'s sampler: this rank's DP group's vertices of each step.
         self.sampler = build_sampler(cfg.sampling, meta.num_nodes, group=self.grid.coords.d)
+        #: The prepared graph, memory-mapped (what a neighbourhood evaluation reads).
+        self.graph = graph
+        #: How evaluations run: ``train.evaluation``, until :meth:`choose_evaluation`.
+        self.evaluation = cfg.train.evaluation
         self.store = RankStore(
             graph,
             self.grid,
@@ -329,22 +342,28 @@ class Trainer:
         )
 
     # ---------------------------------------------------------------- evaluation
-    def check_evaluation_fits(self, local_ranks: int = 1) -> None:
-        """Refuse, before the first step, a run whose full-graph evaluation cannot fit:
-        its whole-graph matrices and one chunk's temporaries
-        (:func:`~dgl_scalegnn.model.full_graph.full_graph_memory`) against the memory each
-        rank has (a GPU's free memory, or the host's shared by its ``local_ranks``
-        ranks). Every rank compares the same figures (the most any rank needs, the least
-        any has: two all-reduces), so all stop together or none does.
+    def choose_evaluation(self, local_ranks: int = 1) -> str:
+        """Decide, before the first step, how this run evaluates (``train.evaluation``),
+        and return it (also :attr:`evaluation`).
+
+        A layer-wise evaluation's whole-graph matrices and one chunk's temporaries
+        (:func:`~dgl_scalegnn.model.full_graph.full_graph_memory`) are compared with the
+        memory each rank has (a GPU's free memory, or the host's shared by its
+        ``local_ranks`` ranks). Every rank compares the same figures (the most any rank
+        needs, the least any has: two all-reduces), so all choose alike. Where it does
+        not fit, ``auto`` evaluates in neighbourhoods
+        (:mod:`~dgl_scalegnn.model.neighbourhood`), said with the figures.
 
         Raises
         ------
         ConfigError
-            The evaluation needs more than a rank has: it would be killed for memory at
-            its first round, after all the training before it.
+            ``layerwise`` was asked for and does not fit: it would be killed for memory
+            at its first round, after all the training before it.
         """
-        if not self.cfg.train.evaluate:
-            return
+        asked = self.cfg.train.evaluation
+        if not self.cfg.train.evaluate or asked == "neighbourhood":
+            self.evaluation = asked
+            return asked
         graph = self.store.full_graph()
         memory = full_graph_memory(self.model, graph)
         chunk_rows = full_graph_chunk_rows(self.model, graph, memory)
@@ -353,37 +372,83 @@ class Trainer:
         need = float(most.item())  # every rank is here: the memory below is after loading
         available = agreed_available_bytes(self.device, local_ranks)
         if need <= available:
-            return
+            self.evaluation = "layerwise"
+            return self.evaluation
         where = (
             "its GPU"
             if self.device.type == "cuda"
             else f"each of the {local_ranks} ranks sharing its host's available memory"
         )
-        raise ConfigError(
-            f"parallel.grid {self.grid.shape}: a full-graph evaluation needs "
+        shortfall = (
+            f"parallel.grid {self.grid.shape}: a layer-wise evaluation needs "
             f"{need / 1e9:.2f} GB a rank beside what the rank holds (a layer's input and "
             f"output over all {self.store.num_nodes:,} vertices, and one chunk of "
-            f"{chunk_rows:,} rows), but {where} has {available / 1e9:.2f} GB: the run would "
-            "be killed for memory at its first evaluation. Give each rank more memory "
-            "(fewer ranks a host, or larger hosts), use a grid whose ranks hold smaller "
-            "shares (scalegnn plan ranks the grids by memory), or train with "
-            "train.evaluate=false and output.checkpoint_every set, then evaluate a "
-            "checkpoint where it fits: --resume with --grid of that place and "
-            "train.max_steps at the checkpoint's step"
+            f"{chunk_rows:,} rows), but {where} has {available / 1e9:.2f} GB"
+        )
+        if asked == "auto":
+            self.evaluation = "neighbourhood"
+            self.metrics.note(
+                f"{shortfall}: evaluating in neighbourhoods instead (train.evaluation: "
+                "auto): each rank its share of the vertices, in pieces whose memory is "
+                "bounded by their adjacency entries, the hidden rows below the last layer "
+                "recomputed for each piece that needs them"
+            )
+            return self.evaluation
+        raise ConfigError(
+            f"{shortfall}: the run would be killed for memory at its first evaluation. Set "
+            "train.evaluation to neighbourhood (or auto), whose memory is bounded by its "
+            "chunk; or give each rank more memory (fewer ranks a host, or larger hosts), "
+            "or use a grid whose ranks hold smaller shares (scalegnn plan ranks the grids "
+            "by memory)"
         )
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Full-graph accuracy per split (a layer-wise distributed forward in row chunks)."""
+        """Full-graph accuracy per split: a layer-wise distributed forward in row chunks,
+        or each rank's share of the vertices from their neighbourhoods
+        (:attr:`evaluation`)."""
         self.model.eval()
-        graph = self.store.full_graph()
-        logits, spec = full_graph_forward(self.model, graph)
-        counts = self.objective.counts(logits, spec, graph)
-        del logits
+        if self.evaluation == "neighbourhood":
+            counts = self._neighbourhood_counts()
+        else:
+            graph = self.store.full_graph()
+            logits, spec = full_graph_forward(self.model, graph)
+            counts = self.objective.counts(logits, spec, graph)
+            del logits
         release_free_heap()  # the evaluation's row chunks, else the next one grows the heap
         return {
             f"{split}_acc": c / total if total else None for split, (c, total) in counts.items()
         }
+
+    def _neighbourhood_counts(self) -> dict[str, tuple[float, float]]:
+        """Counts of every vertex: this rank's range of them from their neighbourhoods
+        (:class:`~dgl_scalegnn.model.neighbourhood.NeighbourhoodEvaluator`), a chunk at a
+        time, summed over the world after each chunk (a small all-reduce). Every rank runs
+        as many chunks, so the ranks stay within a chunk of each other: none waits in a
+        collective for a whole evaluation (``parallel.timeout_s`` bounds that wait)."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        num_nodes = self.store.num_nodes
+        bounds = split_bounds(num_nodes, world)
+        start, stop = bounds[rank], bounds[rank + 1]
+        model = one_rank_copy(self.model)
+        evaluator = NeighbourhoodEvaluator(model, self.graph, share=(rank, world))
+        splits = ("train", "val", "test")
+        total = torch.zeros(len(splits), 2, dtype=torch.float64, device=self.device)
+        for index in range(chunk_count(num_nodes, world, COUNT_CHUNK_ROWS)):
+            first = min(stop, start + index * COUNT_CHUNK_ROWS)
+            last = min(stop, first + COUNT_CHUNK_ROWS)
+            counts = evaluator.counts((first, last)) if first < last else {}
+            chunk = torch.tensor(
+                [counts.get(split, (0.0, 0.0)) for split in splits],
+                dtype=torch.float64,
+                device=self.device,
+            )
+            if world > 1:
+                dist.all_reduce(chunk)
+            total += chunk
+            release_free_heap()  # the chunk's pieces are freed: give their heap back
+        return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, total.cpu())}
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
@@ -599,6 +664,8 @@ class Trainer:
             )
         if not train.evaluate:
             evaluation = "off (train.evaluate: false)"
+        else:
+            evaluation = f"{self.evaluation} {evaluation}"
         checkpoints = None
         if self.checkpoints is not None:
             every = cfg.output.checkpoint_every
