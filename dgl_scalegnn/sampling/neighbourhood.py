@@ -190,7 +190,7 @@ def hubs(graph: PreparedGraph, count: int, chunk: int = 1 << 22) -> np.ndarray:
     >>> graph = prepare_in_memory(generate(SyntheticConfig(num_nodes=300)))
     >>> top = hubs(graph, 5)
     >>> degrees = graph.adjacency.degrees
-    >>> top.size <= 5 and degrees[top].min() >= np.sort(degrees)[-top.size:].min()
+    >>> bool(0 < top.size <= 5 and degrees[top].min() >= np.sort(degrees)[-top.size :].min())
     True
     """
     degrees, n = graph.adjacency.degrees, graph.meta.num_nodes
