@@ -9,13 +9,15 @@ for a job of four ranks, the layer-wise evaluation of the same run on one proces
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from benchmarks.common import prepared_dgl_graph
 from dgl_scalegnn.config import ModelConfig, config_from_mapping
-from dgl_scalegnn.core.grid_shape import GridShape
+from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory, write_prepared
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
@@ -24,13 +26,15 @@ from dgl_scalegnn.model.full_graph import full_graph_forward
 from dgl_scalegnn.model.neighbourhood import NeighbourhoodEvaluator, one_rank_copy
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
-from dgl_scalegnn.model.stack import layer_kind
+from dgl_scalegnn.model.stack import layer_kind, parameter_shards
 from dgl_scalegnn.sampling import neighbourhood as sampling_neighbourhood
 from dgl_scalegnn.sampling.neighbourhood import read_rows
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.train.metrics import read_metrics
 from dgl_scalegnn.train.run import run_training
 from tests.helpers import random_dataset, relative_error
+from tests.oracle import assemble
+from tests.ranks import spawn_ranks
 
 GRAPH = {"num_nodes": 97, "num_edges": 400, "num_features": 11, "num_classes": 5}
 VARIANTS = {
@@ -198,6 +202,53 @@ def test_counts_over_chunks_are_the_layerwise_counts(prepared):
         mask = np.asarray(getattr(prepared, f"{split}_mask"))[30:97]
         hits = (predicted[30:97] == np.asarray(prepared.labels)[30:97]) & mask
         assert counts[split] == (float(hits.sum()), float(mask.sum())), split
+
+
+def test_ranks_share_the_kept_hubs_and_gather_the_global_parameters(prepared, tmp_path):
+    """Three ranks (1x1x3x1) after a training step: the gathered copy holds the global
+    parameters (assembled from the shards, replicas bit-identical), and ten hubs split
+    4, 3, 3 among the ranks (the all-gather pads the short parts) give the logits of a
+    one-process evaluator that keeps them all itself."""
+    model = {"hidden": 13, "layers": 2, "bias": True}
+    spec = {
+        "grid": "1x1x3x1",
+        "graph": GRAPH,
+        "model": model,
+        "batch_size": 61,
+        "piece_entries": 40,
+        "hub_bytes": 10 * 4 * 13,
+        "out": str(tmp_path),
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    shape = GridShape.parse(spec["grid"])
+    spawn_ranks(
+        3, "tests.workers.neighbourhood_share:main", [str(tmp_path / "spec.json")], tmp_path
+    )
+    records = [torch.load(tmp_path / f"rank{r}.pt") for r in range(3)]
+    meta = prepared.meta
+    shards = parameter_shards(ModelConfig(**model), meta.num_features, meta.num_classes)
+    for record in records:
+        record["coords"] = Coords(*record["coords"])
+    params = {
+        name: assemble(
+            records,
+            lambda r, n=name, s=shard: (s.local_slices(shape, r["coords"]), r["shards"][n]),
+            shard.global_shape,
+        )
+        for name, shard in shards.items()
+    }
+    alone = _model(prepared, ModelConfig(**model), seed=0)
+    with torch.no_grad():
+        for name, param in alone.sharded_state_dict().items():
+            param.copy_(params[name])
+    evaluator = NeighbourhoodEvaluator(alone.eval(), prepared, 40, 10 * 4 * 13)
+    expected, _ = evaluator.logits(np.arange(meta.num_nodes))
+    assert evaluator.hubs.size == 10  # no tie at the cut
+    for record in records:
+        for name, value in record["copy"].items():
+            assert torch.equal(value, params[name]), name
+        assert record["hubs"].tolist() == evaluator.hubs.tolist()
+        assert relative_error(record["logits"], expected) < TOLERANCE
 
 
 CONFIG = {
