@@ -24,6 +24,7 @@ __all__ = [
     "Runtime",
     "PendingReduce",
     "all_reduce",
+    "reduce_over_world",
     "start_all_reduce",
     "all_to_all",
     "warm_up_groups",
@@ -139,6 +140,17 @@ def all_reduce(
     return start_all_reduce(
         tensor, group, profiler, component=component, low_precision=low_precision, op=op
     ).wait()
+
+
+def reduce_over_world(
+    tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+) -> torch.Tensor:
+    """``tensor`` reduced in place over every rank of the job (one all-reduce on the
+    default group; none on one process) and returned: for the few figures every rank
+    must agree on, outside the grid's groups and the profiler."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=op)
+    return tensor
 
 
 def all_to_all(

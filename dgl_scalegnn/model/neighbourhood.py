@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, split_bounds
 from dgl_scalegnn.data.prepared import PreparedGraph
-from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
 from dgl_scalegnn.model.full_graph import EVAL_STEP
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
@@ -66,13 +66,6 @@ COUNT_CHUNK_ROWS = 16384
 HUB_CACHE_BYTES = 64 << 20
 
 
-def _world_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` summed over every rank (in place; one all-reduce, none on one process)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
-    return tensor
-
-
 @torch.no_grad()
 def one_rank_copy(model: ParallelScaleGNN) -> ParallelScaleGNN:
     """The model on one process, with ``model``'s global parameters (collective: every rank
@@ -101,7 +94,7 @@ def one_rank_copy(model: ParallelScaleGNN) -> ParallelScaleGNN:
         offsets[name] = sum(piece.numel() for piece in sums)
         sums.append(total.flatten())
         counts.append(count.flatten())
-    flat = _world_sum(torch.cat(sums + counts))
+    flat = reduce_over_world(torch.cat(sums + counts))
     size = flat.numel() // 2
     values = flat[:size] / flat[size:]
     copy = ParallelScaleGNN(

@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, check_config
+from dgl_scalegnn.distributed.comm import reduce_over_world
 
 __all__ = [
     "DERIVED_KEYS",
@@ -152,9 +153,7 @@ def agreed_available_bytes(device: torch.device | str = "cpu", local_ranks: int 
     rank derives the same settings."""
     mine = available_bytes(device, local_ranks)
     mine = torch.tensor([float(mine)], dtype=torch.float64, device=torch.device(device))
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(mine, op=dist.ReduceOp.MIN)
-    return int(mine.item())
+    return int(reduce_over_world(mine, dist.ReduceOp.MIN).item())
 
 
 def _gigabytes(count: float) -> str:

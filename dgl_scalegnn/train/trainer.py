@@ -30,7 +30,7 @@ from dgl_scalegnn.core.layout import split_bounds
 from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import PreparedGraph
-from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
 from dgl_scalegnn.model.full_graph import (
     full_graph_chunk_rows,
     full_graph_forward,
@@ -72,13 +72,6 @@ from dgl_scalegnn.train.preemption import (
 )
 
 __all__ = ["Trainer", "NonFiniteError", "peak_rss_mb"]
-
-
-def _maximum(flags: torch.Tensor) -> torch.Tensor:
-    """``flags``, element-wise the maximum over every rank (in place; one all-reduce)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return flags
 
 
 class NonFiniteError(FloatingPointError):
@@ -301,7 +294,9 @@ class Trainer:
         loss.backward()
         status = average_gradients(list(self.model.parameters()), loss, self.runtime)
         flags = torch.stack((status[1], status.new_full((), float(self.requests.take()))))
-        mean_loss, nonfinite, request = torch.cat((status[:1], _maximum(flags))).tolist()
+        mean_loss, nonfinite, request = torch.cat(
+            (status[:1], reduce_over_world(flags, dist.ReduceOp.MAX))
+        ).tolist()
         self._request = Request(int(request))
         if nonfinite:
             self._on_nonfinite(batch.step)
@@ -368,7 +363,9 @@ class Trainer:
         memory = full_graph_memory(self.model, graph)
         chunk_rows = full_graph_chunk_rows(self.model, graph, memory)
         need = memory.reserved_bytes + chunk_rows * memory.row_bytes
-        most = _maximum(torch.tensor([float(need)], dtype=torch.float64, device=self.device))
+        most = reduce_over_world(
+            torch.tensor([float(need)], dtype=torch.float64, device=self.device), dist.ReduceOp.MAX
+        )
         need = float(most.item())  # every rank is here: the memory below is after loading
         available = agreed_available_bytes(self.device, local_ranks)
         if need <= available:
@@ -426,8 +423,7 @@ class Trainer:
         time, summed over the world after each chunk (a small all-reduce). Every rank runs
         as many chunks, so the ranks stay within a chunk of each other: none waits in a
         collective for a whole evaluation (``parallel.timeout_s`` bounds that wait)."""
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        rank = dist.get_rank() if dist.is_initialized() else 0
+        rank, world = self.grid.rank, self.grid.shape.world_size
         num_nodes = self.store.num_nodes
         bounds = split_bounds(num_nodes, world)
         start, stop = bounds[rank], bounds[rank + 1]
@@ -444,9 +440,7 @@ class Trainer:
                 dtype=torch.float64,
                 device=self.device,
             )
-            if world > 1:
-                dist.all_reduce(chunk)
-            total += chunk
+            total += reduce_over_world(chunk)
             release_free_heap()  # the chunk's pieces are freed: give their heap back
         return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, total.cpu())}
 
@@ -593,7 +587,9 @@ class Trainer:
         if checkpoint_due:
             self.save()
         if due or checkpoint_due:  # a signal may have come meanwhile: agree again
-            late = _maximum(torch.tensor([float(self.requests.take())], device=self.device))
+            late = reduce_over_world(
+                torch.tensor([float(self.requests.take())], device=self.device), dist.ReduceOp.MAX
+            )
             self._request = max(self._request, Request(int(late.item())))
         self._act_on_request()
         return reached
