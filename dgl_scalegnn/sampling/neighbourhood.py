@@ -139,8 +139,9 @@ def hop(graph: PreparedGraph, rows: np.ndarray, normalisation: str) -> Hop:
     )
     own, cols = position[: rows.size], position[rows.size :]
     if normalisation == "symmetric":
+        # a row's stored entries are its degree (A + I): only the inputs' are read
         graph.verify("degrees", int(inputs[0]), int(inputs[-1]) + 1)
-        row_scale = inverse_sqrt_degrees(read_vertex_rows(adjacency.degrees, rows), np.float32)
+        row_scale = inverse_sqrt_degrees(np.diff(indptr), np.float32)
         col_scale = inverse_sqrt_degrees(read_vertex_rows(adjacency.degrees, inputs), np.float32)
     elif normalisation == "sum":
         row_of = np.repeat(np.arange(rows.size), np.diff(indptr))
