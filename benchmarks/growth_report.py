@@ -364,8 +364,9 @@ def write(payload: Mapping[str, Any], results_path: Path) -> Path:
         f"(evaluation excluded), B = N/{payload['batch_fraction']} for dgl_scalegnn and "
         f"GraphSAINT, fixed B = {payload['fixed_batch']:,} for the fixed-B step times; run "
         f"time {payload['minutes']:.0f} min on {_cores()} cores. Picture: {png.name}. "
-        "Evaluation: the second of two rounds where two ran (dgl_scalegnn, after its last "
-        "two steps; DGL's forward), the first in brackets; the other peers evaluate once.",
+        "Evaluation: the second of two rounds where two ran (dgl_scalegnn on one process, "
+        "after its last two steps; DGL's forward), the first in brackets; dgl_scalegnn on 8 "
+        "ranks and the other peers evaluate once.",
         "",
     ]
     for preset, methods in payload["analysis"].items():
@@ -373,6 +374,7 @@ def write(payload: Mapping[str, Any], results_path: Path) -> Path:
         rows = [r for r in rows if r["method"] != "setup"]
         rows.sort(key=lambda r: (_preset_of(r["size"])[1], r["method"]))
         lines += [f"## {preset}", "", *_run_table(rows), ""]
+        lines += [f"{line}\n" for line in _sweep_lines(rows)]
         if "setup" in methods:
             lines += ["Preparation:", "", *_setup_table(methods["setup"]), ""]
         lines += [
@@ -395,6 +397,36 @@ def write(payload: Mapping[str, Any], results_path: Path) -> Path:
     md = results_path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")
     return md
+
+
+def _sweep_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What a swept peer chose, with every setting's validation accuracy.
+
+    >>> swept = {"choice": {"lr": 0.01}, "val_acc": 0.81, "test_acc": 0.8}
+    >>> row = {"size": "sparse-1000000", "method": "GraphSAINT-node", **swept}
+    >>> row["sweep"] = [swept, {"choice": {"lr": 0.03}, "val_acc": 0.75}]
+    >>> print(*_sweep_lines([row]))  # doctest: +NORMALIZE_WHITESPACE
+    GraphSAINT-node, chosen at 1,000,000 vertices on validation from 2 runs: lr 0.01
+    (val 0.81, test 0.8); the others: lr 0.03: 0.75.
+    """
+    lines = []
+    for row in rows:
+        if not row.get("sweep"):
+            continue
+        named = [
+            (", ".join(f"{key} {value}" for key, value in tried["choice"].items()), tried)
+            for tried in row["sweep"]
+        ]
+        chosen = next(name for name, tried in named if tried["choice"] == row["choice"])
+        others = "; ".join(
+            f"{name}: {tried['val_acc']:.4g}" for name, tried in named if name != chosen
+        )
+        lines.append(
+            f"{row['method']}, chosen at {_preset_of(row['size'])[1]:,} vertices on validation "
+            f"from {len(named)} runs: {chosen} (val {row['val_acc']:.4g}, test "
+            f"{row['test_acc']:.4g}); the others: {others}."
+        )
+    return lines
 
 
 def _cores() -> int:

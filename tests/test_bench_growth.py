@@ -102,7 +102,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     run that is refused is run again with ``train.evaluate false``, so is every later one,
     the last keeps a checkpoint of its last step, and that checkpoint is evaluated on one
     process."""
-    calls = []
+    calls, rounds = [], []
     refusal = (
         "scalegnn: error: parallel.grid 1x2x2x2: a layer-wise evaluation needs 2.59 GB a rank "
         "beside what the rank holds"
@@ -110,6 +110,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
 
     def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch):
         calls.append(dict(settings))
+        rounds.append(list(at))
         if settings.get("train.evaluate") != "false":
             raise bench_scale.BenchScaleError(f"mpirun ... exited with 2; log x:\n{refusal}")
         return {
@@ -146,6 +147,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     # the timing run at the fixed B is never evaluated; the budget run is, until refused
     assert [c.get("train.evaluate") for c in calls] == ["false", None, "false"]
     assert calls[1]["train.evaluation"] == "layerwise"  # never minutes in neighbourhoods
+    assert rounds[1:] == [[40], [40]]  # 8 ranks: one round, after the last step
     assert calls[0]["sampling.batch_size"] == bench_growth.FIXED_BATCH
     assert calls[-1]["output.dir"] == tmp_path / "ckpt-sparse-10000000-1x2x2x2"
     assert calls[-1]["output.checkpoint_every"] == 40 and row["steps"] == 40
@@ -232,6 +234,27 @@ def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
     assert row["eval_s"] == 1.0 and row["first_eval_s"] == 2.5
     table = growth_report._run_table([{**row, "size": size.name, "method": "ours"}])
     assert "| 1 (first 2.5) |" in table[-1]
+
+
+def test_graphsaint_sweeps_normalisation_and_rate_then_dropout_on_the_best() -> None:
+    """Six runs without dropout, then the best of them with dropout, kept only where it
+    beats that best on validation; the report names the choice and every other run."""
+    ran = []
+
+    def fake_saint(choice):
+        ran.append(choice)
+        val = 0.8 if (choice["normalization"], choice["lr"]) == ("estimator", 0.03) else 0.7
+        return {"val_acc": val - choice["dropout"], "test_acc": 0.79, "steps": len(ran)}
+
+    best = bench_growth.sweep_saint(fake_saint)
+    assert len(ran) == 7 and all(c["dropout"] == 0.0 for c in ran[:6])
+    assert ran[6] == {"normalization": "estimator", "lr": 0.03, "dropout": 0.2}
+    assert best["choice"] == {"normalization": "estimator", "lr": 0.03, "dropout": 0.0}
+    assert best["steps"] == 4 and len(best["sweep"]) == 7
+    row = {"size": "sparse-1000000", "method": "GraphSAINT-node", **best}
+    (line,) = growth_report._sweep_lines([row])
+    assert "from 7 runs: normalization estimator, lr 0.03, dropout 0.0 (val 0.8" in line
+    assert line.count(": 0.7") == 5 and "dropout 0.2: 0.6" in line
 
 
 def test_methods_are_chosen_by_their_names_which_hold_commas(monkeypatch, tmp_path) -> None:
