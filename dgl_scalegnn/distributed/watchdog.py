@@ -13,6 +13,11 @@ rendezvous key-value store (a ``TCPStore``):
 - the record is signed with a key derived from the job's secret: a record no rank of
   the job signed (written by a client outside it) is ignored;
 - a rank that finishes normally marks itself done, so it is not taken for dead;
+- a silent rank whose process runs on this rank's kernel, and is alive and not stopped,
+  is stalled, not gone (each rank publishes where its process is, signed): a Python
+  thread needs the GIL to beat, and on an oversubscribed host a rank holding it in a long
+  call while loading went 15 s without a beat and a healthy job was stopped. A hang of
+  such a rank is left to the collective timeout;
 - losing the store itself means the rank that hosts it (rank 0) is gone.
 
 Aborting uses ``os._exit``: the main thread may be blocked inside a collective.
@@ -30,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -42,10 +48,15 @@ __all__ = [
     "ABORT_EXIT_CODE",
     "is_communication_error",
     "stopped_the_job",
+    "signed",
+    "kernel_identity",
+    "process_start",
+    "running_here",
+    "where_am_i",
 ]
 
 ABORT_EXIT_CODE = 17
-_ABORT, _DONE = "watchdog/abort", "watchdog/done/{}"
+_ABORT, _DONE, _WHERE = "watchdog/abort", "watchdog/done/{}", "watchdog/where/{}"
 _RECORD_TRIES = 3  # replacements of an unsigned abort record before giving up on the store
 _STOPPED_THE_JOB = "_scalegnn_stopped_the_job"
 
@@ -65,14 +76,13 @@ class AbortRecord:
 
     def encode(self, key: bytes) -> bytes:
         """``<HMAC-SHA256 of the payload, hex> <JSON payload>``: the key stays secret."""
-        payload = json.dumps([self.rank, self.kind, self.message]).encode()
-        return _signature(key, payload) + b" " + payload
+        return signed(key, json.dumps([self.rank, self.kind, self.message]).encode())
 
     @classmethod
     def decode(cls, value: bytes, key: bytes) -> AbortRecord | None:
         """The record in ``value``, or ``None`` if ``key`` did not sign it."""
-        signature, _, payload = value.partition(b" ")
-        if not hmac.compare_digest(signature, _signature(key, payload)):
+        payload = _verified(key, value)
+        if payload is None:
             return None
         rank, kind, message = json.loads(payload)
         return cls(rank, kind, message)
@@ -80,6 +90,63 @@ class AbortRecord:
 
 def _signature(key: bytes, payload: bytes) -> bytes:
     return hmac.new(key, payload, hashlib.sha256).hexdigest().encode()
+
+
+def signed(key: bytes, payload: bytes) -> bytes:
+    """``<HMAC-SHA256 of payload with key, hex> <payload>``: what a rank of the job writes
+    to the store where an outsider could write too."""
+    return _signature(key, payload) + b" " + payload
+
+
+def _verified(key: bytes, value: bytes) -> bytes | None:
+    """The payload of ``value`` if ``key`` signed it, else ``None``."""
+    signature, _, payload = value.partition(b" ")
+    return payload if hmac.compare_digest(signature, _signature(key, payload)) else None
+
+
+def kernel_identity() -> str:
+    """This kernel's boot id and this process's PID namespace: processes that share both
+    see each other's ``/proc/<pid>``."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+
+
+def process_start(pid: int) -> tuple[str, int] | None:
+    """The state letter and start time (clock ticks after boot) of process ``pid``, from
+    ``/proc/<pid>/stat``; ``None`` if there is no such process.
+
+    >>> state, started = process_start(os.getpid())
+    >>> state in "RS", started > 0
+    (True, True)
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command, which may hold spaces
+    return fields[0], int(fields[19])
+
+
+def running_here(where: str) -> bool:
+    """Whether the process that ``where`` (a :func:`where_am_i` record) names runs on this
+    kernel and is alive and not stopped: a zombie, a dead process, a stopped or traced one,
+    or a pid taken by a later process is not; a process on another kernel cannot be seen.
+
+    >>> running_here(where_am_i()), running_here(where_am_i().replace(":", "x:", 1))
+    (True, False)
+    """
+    kernel, pid, started = json.loads(where)
+    if kernel != kernel_identity():
+        return False
+    seen = process_start(pid)
+    return seen is not None and seen[1] == started and seen[0] not in "ZXxTt"
+
+
+def where_am_i() -> str:
+    """This process's kernel, pid and start time, as :func:`running_here` reads them."""
+    pid = os.getpid()
+    seen = process_start(pid)
+    return json.dumps([kernel_identity(), pid, seen[1] if seen else -1])
 
 
 def stopped_the_job(error: BaseException) -> bool:
@@ -137,9 +204,19 @@ class Watchdog:
         self._beats = 0
 
     def start(self) -> Watchdog:
+        self.store.set(_WHERE.format(self.rank), signed(self._key, where_am_i().encode()))
         self._beat()
         self._thread.start()
         return self
+
+    def _stalled_here(self, rank: int) -> bool:
+        """Whether silent ``rank`` runs on this kernel, alive and not stopped (by its
+        signed :func:`where_am_i` record); ``False`` where that cannot be known."""
+        key = _WHERE.format(rank)
+        if not self.store.check([key]):
+            return False
+        payload = _verified(self._key, self.store.get(key))
+        return payload is not None and running_here(payload.decode())
 
     def _beat(self) -> None:
         self._beats += 1
@@ -150,7 +227,7 @@ class Watchdog:
 
     def _run(self) -> None:
         watched = self._watched()
-        last_value, last_change = None, time.monotonic()
+        last_value, last_change, said = None, time.monotonic(), False
         while not self._stop.wait(self.interval):
             try:
                 self._beat()
@@ -173,7 +250,17 @@ class Watchdog:
                 return
             now = time.monotonic()
             if value != last_value:
-                last_value, last_change = value, now
+                last_value, last_change, said = value, now, False
+            elif now - last_change > self.timeout and self._stalled_here(watched):
+                if not said:
+                    print(
+                        f"[rank {self.rank}] rank {watched} has not beaten for "
+                        f"{now - last_change:.0f} s, but its process runs on this host: "
+                        "waiting for it (parallel.timeout_s bounds a hang)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    said = True
             elif now - last_change > self.timeout:
                 self.fail(
                     f"rank {watched} stopped responding (no heartbeat for "
