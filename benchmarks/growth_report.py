@@ -40,27 +40,32 @@ SETUP_QUANTITIES = {"seconds": "preparation s", "peak_rss_mb": "preparation peak
 #: table marks which quantities of which methods differ; these say why).
 WHY: dict[str, str] = {
     "s/step at fixed B on 1 process": (
-        "0.030 s at 1M, 0.036 s at 3M and 0.031 s at 10M (the model: N^0); the run "
-        "before this one measured 0.036, 0.032 and 0.044 s, and this one's first try "
-        "0.032, 0.049 and 0.033 s. The "
-        "batch's work is the same at every size, but its rows are gathered from a graph "
-        "share ten times larger (the CSR and the features: 0.3 GB at 1M, 2.7 GB at 10M), "
-        "so more gathers can miss the caches and the TLB; on 2 shared cores that shows as "
-        "noise of up to 50% between runs rather than as a trend."
+        "0.037 s at 1M, 0.040 s at 3M and 0.035 s at 10M (the model: N^0); the two runs "
+        "before this one measured 0.030, 0.036 and 0.031 s and 0.036, 0.032 and 0.044 s. "
+        "The batch's work is the same at every size, but its rows are gathered from a "
+        "graph share ten times larger (the CSR and the features: 0.3 GB at 1M, 2.7 GB at "
+        "10M), so more gathers can miss the caches and the TLB; on 2 shared cores that "
+        "shows as noise of up to 50% between runs rather than as a trend."
+    ),
+    "evaluation s/round on 1 process (sparse)": (
+        "1.71, 6.77 and 22.6 s at 1M, 3M and 10M: 4.0x from 1M to 3M, then 3.3x for 3.3x "
+        "the vertices. The model's N^1 holds from 3M on; the 1M round is the outlier, its "
+        "graph share (0.3 GB) closer to the caches than the others'."
     ),
     "s/step on 8 processes (1x2x2x2)": (
         "the 8 ranks share 2 cores, and each all-reduce's latency (a context switch per "
-        "message among 8 processes) is most of a step (0.100 of 0.170 s at 1M, sparse) and "
+        "message among 8 processes) is most of a step (0.126 of 0.201 s at 1M, sparse) and "
         "does not grow with N. The model prices a core per rank (50 us, 5 GB/s) and "
-        "predicts 0.025 s a step at 1M, 7x less than measured, most of it bandwidth that "
+        "predicts 0.025 s a step at 1M, 8x less than measured, most of it bandwidth that "
         "grows with B: measured growth is slower than predicted."
     ),
     "peak MB per rank on 8 processes (1x2x2x2, sparse)": (
         "two sizes only: at 10M the evaluation was refused, so there is no peak with one. "
-        "Measured 979 and 1,627 MB at 1M and 3M, the model 790 and 1,532 MB: it is 189 MB "
-        "(19%) low at 1M and 94 MB (6%) low at 3M, and over two points that gap alone "
-        "makes N^0.46 of its N^0.60. Which of the rank's buffers the model misses at 1M "
-        "was not traced. The training peaks, measured at all three sizes, grow as N^0.48."
+        "Measured 987 and 1,720 MB at 1M and 3M, the model 790 and 1,532 MB: it is 197 MB "
+        "(20%) low at 1M and 188 MB (11%) low at 3M, so the measured peaks grow as N^0.51 "
+        "against its N^0.60, and the sums over ranks as N^0.47. Which of the rank's "
+        "buffers the model misses (about 190 MB at both sizes) was not traced. The "
+        "training peaks, measured at all three sizes, grow as N^0.50."
     ),
     "the plan grid": (
         "its grid changes with N, so its exponents compare different layouts, not one "
@@ -68,9 +73,9 @@ WHY: dict[str, str] = {
         "available) and the evaluation's whole-graph matrices in the model, the plan "
         "ranks 8x1x1x1 first at 1M, 4x2x1x1 at 3M and 1x8x1x1 at 10M (sparse), 8x1x1x1 at "
         "1M and 2x1x2x2 at 2.45M (products-like). All ran: 1x8x1x1 at 10M evaluated at "
-        "2,992 MB a rank (the model: 3,031), and 2x1x2x2 at 2.45M was refused an "
-        "evaluation and evaluated on one process. Each was 1.3-2.3x slower a step than "
-        "1x2x2x2: the model ranks by bandwidth, and on 2 cores latency decides."
+        "2,920 MB a rank (the model: 3,031), 2x1x2x2 at 2.45M at 3,168 (the model: 2,759). "
+        "Each was 1.3-2.3x slower a step than 1x2x2x2: the model ranks by bandwidth, and "
+        "on 2 cores latency decides."
     ),
 }
 
