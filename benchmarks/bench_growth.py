@@ -197,10 +197,15 @@ def setup_graph(
             if "error" in setup.get("generate", {}):
                 setup[step] = {"error": "the graph was not generated"}
                 continue
+            started = time.perf_counter()
             try:
                 setup[step] = _measured(module, base / f"{step}.log", 2, 7200)
             except bench_scale.BenchScaleError as error:  # e.g. killed for memory
-                setup[step] = {"error": str(error)[-1500:], "peak_rss_mb": error.peak_rss_mb}
+                setup[step] = {
+                    "error": str(error)[-1500:],
+                    "peak_rss_mb": error.peak_rss_mb,
+                    "seconds_until_failure": time.perf_counter() - started,
+                }
             done.write_text(json.dumps(setup))
     num_classes = scale_presets.preset(size.preset).num_classes
     graph = bench_scale.Graph(
@@ -763,11 +768,18 @@ def _summary(row: Mapping[str, Any]) -> str:
 
 
 def _minutes(rows: Iterable[Mapping[str, Any]]) -> float:
-    """Minutes of every run and preparation step in ``rows``."""
+    """Minutes of every run and preparation step in ``rows``, failed ones included (at
+    10M DGL's partitioning runs about 150 s before it is killed for memory).
+
+    >>> setup = {"prepare": {"seconds": 30.0}, "partition": {"seconds_until_failure": 150.0}}
+    >>> _minutes([{"method": "setup", **setup}, {"method": "GraphSAGE", "wall_s": 60.0}])
+    4.0
+    """
     seconds = 0.0
     for row in rows:
         if row["method"] == "setup":
-            seconds += sum(v.get("seconds", 0.0) for v in row.values() if isinstance(v, dict))
+            steps = [v for v in row.values() if isinstance(v, dict)]
+            seconds += sum(v.get("seconds", v.get("seconds_until_failure", 0.0)) for v in steps)
         else:
             seconds += row.get("wall_s", 0.0)
     return seconds / 60
