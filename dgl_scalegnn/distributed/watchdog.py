@@ -136,7 +136,10 @@ def running_here(where: str) -> bool:
     (True, False)
     """
     kernel, pid, started = json.loads(where)
-    if kernel != kernel_identity():
+    try:
+        if kernel != kernel_identity():
+            return False
+    except OSError:  # no /proc here
         return False
     seen = process_start(pid)
     return seen is not None and seen[1] == started and seen[0] not in "ZXxTt"
@@ -204,7 +207,8 @@ class Watchdog:
         self._beats = 0
 
     def start(self) -> Watchdog:
-        self.store.set(_WHERE.format(self.rank), signed(self._key, where_am_i().encode()))
+        with contextlib.suppress(OSError):  # no /proc: a silent rank is taken for gone
+            self.store.set(_WHERE.format(self.rank), signed(self._key, where_am_i().encode()))
         self._beat()
         self._thread.start()
         return self
