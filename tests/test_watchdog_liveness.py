@@ -22,8 +22,7 @@ from dgl_scalegnn.distributed.bootstrap import JobStore
 from dgl_scalegnn.distributed.watchdog import (
     ABORT_EXIT_CODE,
     Watchdog,
-    kernel_identity,
-    process_start,
+    location,
     signed,
 )
 
@@ -42,9 +41,11 @@ def child() -> Iterator[subprocess.Popen]:
         process.wait()
 
 
-def _where(pid: int, kernel: str | None = None) -> bytes:
-    started = process_start(pid)
-    return json.dumps([kernel or kernel_identity(), pid, started[1] if started else -1]).encode()
+def _where(pid: int, **changed: object) -> bytes:
+    """The :func:`location` of ``pid``, with its ``kernel`` or ``started`` replaced."""
+    kernel, pid, started = json.loads(location(pid))
+    fields = {"kernel": kernel, "pid": pid, "started": started, **changed}
+    return json.dumps(list(fields.values())).encode()
 
 
 def _watch_silent_rank(where: bytes, key: bytes = KEY) -> tuple[Watchdog, list[int]]:
@@ -101,7 +102,7 @@ def test_a_silent_rank_that_cannot_be_seen_alive_here_is_gone(child, case):
     where = {
         "another kernel": _where(child.pid, kernel="another-boot:1"),
         "unsigned": _where(child.pid),
-        "pid taken by another": json.dumps([kernel_identity(), child.pid, 1]).encode(),
+        "pid taken by another": _where(child.pid, started=1.0),
     }[case]
     watcher, exits = _watch_silent_rank(where, key=b"x" * 32 if case == "unsigned" else KEY)
     assert _wait_for_exit(exits, 4 * TIMEOUT_S) and exits == [ABORT_EXIT_CODE]

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch.distributed as dist
 
 from dgl_scalegnn.config import say_input_error
@@ -50,9 +51,8 @@ __all__ = [
     "stopped_the_job",
     "signed",
     "kernel_identity",
-    "process_start",
+    "location",
     "running_here",
-    "where_am_i",
 ]
 
 ABORT_EXIT_CODE = 17
@@ -111,45 +111,38 @@ def kernel_identity() -> str:
     return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
 
 
-def process_start(pid: int) -> tuple[str, int] | None:
-    """The state letter and start time (clock ticks after boot) of process ``pid``, from
-    ``/proc/<pid>/stat``; ``None`` if there is no such process.
+#: psutil's states of a process that will not beat again unless someone resumes it.
+_NOT_RUNNING = (
+    psutil.STATUS_ZOMBIE,
+    psutil.STATUS_DEAD,
+    psutil.STATUS_STOPPED,
+    psutil.STATUS_TRACING_STOP,
+)
 
-    >>> state, started = process_start(os.getpid())
-    >>> state in "RS", started > 0
-    (True, True)
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after the command, which may hold spaces
-    return fields[0], int(fields[19])
+
+def location(pid: int | None = None) -> str:
+    """Where process ``pid`` (this one by default) runs: this kernel, its pid and its
+    start time, as :func:`running_here` reads them."""
+    process = psutil.Process(pid)
+    return json.dumps([kernel_identity(), process.pid, process.create_time()])
 
 
 def running_here(where: str) -> bool:
-    """Whether the process that ``where`` (a :func:`where_am_i` record) names runs on this
-    kernel and is alive and not stopped: a zombie, a dead process, a stopped or traced one,
-    or a pid taken by a later process is not; a process on another kernel cannot be seen.
+    """Whether the process that ``where`` (a :func:`location`) names runs on this kernel
+    and is alive and not stopped: a zombie, a dead process, a stopped or traced one, or a
+    pid taken by a later process is not; a process on another kernel cannot be seen.
 
-    >>> running_here(where_am_i()), running_here(where_am_i().replace(":", "x:", 1))
+    >>> running_here(location()), running_here(location().replace(":", "x:", 1))
     (True, False)
     """
     kernel, pid, started = json.loads(where)
     try:
         if kernel != kernel_identity():
             return False
-    except OSError:  # no /proc here
+        process = psutil.Process(pid)
+        return process.create_time() == started and process.status() not in _NOT_RUNNING
+    except (OSError, psutil.Error):  # no /proc here, or no such process
         return False
-    seen = process_start(pid)
-    return seen is not None and seen[1] == started and seen[0] not in "ZXxTt"
-
-
-def where_am_i() -> str:
-    """This process's kernel, pid and start time, as :func:`running_here` reads them."""
-    pid = os.getpid()
-    seen = process_start(pid)
-    return json.dumps([kernel_identity(), pid, seen[1] if seen else -1])
 
 
 def stopped_the_job(error: BaseException) -> bool:
@@ -207,15 +200,15 @@ class Watchdog:
         self._beats = 0
 
     def start(self) -> Watchdog:
-        with contextlib.suppress(OSError):  # no /proc: a silent rank is taken for gone
-            self.store.set(_WHERE.format(self.rank), signed(self._key, where_am_i().encode()))
+        with contextlib.suppress(OSError, psutil.Error):  # no /proc: silence means gone
+            self.store.set(_WHERE.format(self.rank), signed(self._key, location().encode()))
         self._beat()
         self._thread.start()
         return self
 
     def _stalled_here(self, rank: int) -> bool:
         """Whether silent ``rank`` runs on this kernel, alive and not stopped (by its
-        signed :func:`where_am_i` record); ``False`` where that cannot be known."""
+        signed :func:`location` record); ``False`` where that cannot be known."""
         key = _WHERE.format(rank)
         if not self.store.check([key]):
             return False
