@@ -311,13 +311,17 @@ def epoch_time(work: Workload, shape: GridShape, hardware: Hardware) -> float:
 class EvalStage:
     """A chunked stage of a full-graph evaluation
     (:func:`~dgl_scalegnn.model.full_graph.full_graph_forward`): the row
-    axis its chunks split, how many chunks every rank runs, and the collectives of one
-    chunk (payloads of the average chunk: the stage's rows over its chunks)."""
+    axis its chunks split, how many chunks the rank runs of the ``total_chunks`` its
+    data-parallel replicas share, the collectives of one chunk (payloads of the average
+    chunk: the stage's rows over its chunks), and ``shared``: the all-reduce over the
+    replicas that completes the stage's output on each, once after its chunks."""
 
     name: str
     axis: Axis
     chunks: int
     collectives: tuple[Collective, ...]
+    total_chunks: int
+    shared: tuple[Collective, ...] = ()
 
 
 class _ChunkSizes:
@@ -350,7 +354,8 @@ def _forward(costs: list[CollectiveCost]) -> list[CollectiveCost]:
 def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) -> list[EvalStage]:
     """The stages of one full-graph evaluation of ``rank`` in chunks of ``chunk_rows``
     output rows per rank, with the forward collectives of one chunk each (from the
-    operators' cost functions). One TP rank runs none: its stages carry no collective.
+    operators' cost functions); one TP rank runs none in a chunk. The data-parallel
+    replicas share each stage's chunks, and one all-reduce over them completes its output.
 
     >>> from dgl_scalegnn.distributed.grid import GridShape
     >>> from dgl_scalegnn.config import ModelConfig
@@ -359,17 +364,32 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
     >>> [(s.name, s.chunks, len(s.collectives))
     ...  for s in eval_stages(work, GridShape.parse("1x2x2x2"), 0, chunk_rows=1000)]
     [('input', 5, 1), ('layer0', 5, 4), ('layer1', 5, 5)]
+    >>> [(s.name, s.chunks, s.total_chunks, len(s.shared))  # replica 1 of 2
+    ...  for s in eval_stages(work, GridShape.parse("2x2x2x1"), 4, chunk_rows=1000)]
+    [('input', 2, 5, 1), ('layer0', 5, 10, 1), ('layer1', 2, 5, 1)]
     """
     whole, cfg = _whole_graph(work, shape, rank), work.model
     layer = conv_layer(cfg)
+    replica = shape.coords(rank).d
+    (first, first_width), outputs, owned = _eval_matrices(work, shape)
 
-    def stage(name: str, axis: Axis, costs_of, chunks: int | None = None) -> EvalStage:
-        if chunks is None:
-            chunks = chunk_count(work.num_nodes, shape.size(axis), chunk_rows)
-        costs = costs_of(_ChunkSizes(whole, chunks))
-        return EvalStage(name, axis, chunks, tuple(_collectives(costs, work, shape)))
+    def stage(name: str, axis: Axis, costs_of, output: tuple[Layout, int] | None) -> EvalStage:
+        """A stage of row chunks that the replicas share, completing ``output``; the
+        head alone on the whole input (``output`` None) is one piece on every replica."""
+        total = 1 if output is None else chunk_count(work.num_nodes, shape.size(axis), chunk_rows)
+        costs = costs_of(_ChunkSizes(whole, total))
+        chunks = total if output is None else len(range(replica, total, shape.dp))
+        shared = []
+        if output is not None:
+            layout, width = output
+            elements = whole.rows(layout.rows) * whole.cols(width, layout.cols)
+            shared = _collectives([CollectiveCost(DATA_PARALLEL, elements)], work, shape)
+        collectives = tuple(_collectives(costs, work, shape))
+        return EvalStage(name, axis, chunks, collectives, total, tuple(shared))
 
     def input_costs(sizes: LocalSizes) -> list[CollectiveCost]:
+        if shape.tp_size == 1:  # every layout is the whole matrix
+            return []
         if cfg.input_projection:
             return _forward(InputProjection.cost(cfg, work.in_features, sizes))
         return _forward(InputFeatures.cost(work.in_features, sizes))
@@ -377,12 +397,13 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
     def head_costs(layout: Layout, sizes: LocalSizes) -> list[CollectiveCost]:
         return _forward(Head.cost(layout, cfg, work.num_classes, sizes))
 
-    first = INPUT_LAYOUT.after_linear()
-    stages = [stage("input", first.rows, input_costs)] if shape.tp_size > 1 else []
+    stages = [stage("input", first.rows, input_costs, (first, first_width))] if owned else []
     if not cfg.layers:  # the head on the whole input, in one piece
-        return [*stages, stage("head", first.rows, lambda z: head_costs(first, z), chunks=1)]
+        return [*stages, stage("head", first.rows, lambda z: head_costs(first, z), None)]
     layouts = layer_layouts(cfg.layers, layer.kind)
-    for layout, widths in zip(layouts, layer_widths(cfg, work.in_features, work.num_classes)):
+    for layout, widths, output in zip(
+        layouts, layer_widths(cfg, work.in_features, work.num_classes), outputs
+    ):
         out = layer.kind.output_layout(layout)
 
         def layer_costs(sizes: LocalSizes, layout=layout, widths=widths, out=out):
@@ -391,8 +412,35 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
                 costs += head_costs(out, sizes)
             return costs
 
-        stages.append(stage(f"layer{widths.index}", out.rows, layer_costs))
+        stages.append(stage(f"layer{widths.index}", out.rows, layer_costs, output))
     return stages
+
+
+def _eval_matrices(
+    work: Workload, shape: GridShape
+) -> tuple[tuple[Layout, int], list[tuple[Layout, int]], bool]:
+    """The whole-graph matrices of a full-graph evaluation on ``shape``, as ``(layout,
+    width)``: the first layer's input, each layer's output (the last the head's logits
+    where there is a head; the head's alone for a model without layers), and whether the
+    input is made by the evaluation (owned) rather than read in place: on one TP rank the
+    first layer reads the features and projects its aggregation."""
+    cfg = work.model
+    one_tp_rank = shape.tp_size == 1
+    projected = cfg.input_projection and not (one_tp_rank and cfg.layers)
+    first = INPUT_LAYOUT.after_linear()
+    outputs = []
+    if not cfg.layers:  # the head on the whole input
+        outputs.append((first.after_linear(), work.num_classes))
+    kind = conv_layer(cfg).kind
+    for layout, widths in zip(
+        layer_layouts(cfg.layers, kind), layer_widths(cfg, work.in_features, work.num_classes)
+    ):
+        out, width = kind.output_layout(layout), widths.width_out
+        if widths.index == cfg.layers - 1 and cfg.head:
+            out, width = out.after_linear(), work.num_classes
+        outputs.append((out, width))
+    owned = not (one_tp_rank and not projected)
+    return (first, cfg.hidden if projected else work.in_features), outputs, owned
 
 
 def eval_bytes(work: Workload, shape: GridShape, rank: int, chunk_rows: int) -> dict[str, float]:
@@ -401,6 +449,8 @@ def eval_bytes(work: Workload, shape: GridShape, rank: int, chunk_rows: int) -> 
     for stage in eval_stages(work, shape, rank, chunk_rows):
         for call in stage.collectives:
             out[call.kind] += stage.chunks * call.payload
+        for call in stage.shared:
+            out[call.kind] += call.payload
     return dict(out)
 
 
@@ -411,12 +461,17 @@ def eval_time(
     collectives (their latency is what many small chunks pay) and the forward's kernels
     over the whole graph."""
     seconds: dict[str, float] = defaultdict(float)
-    for stage in eval_stages(work, shape, rank, chunk_rows):
+    stages = eval_stages(work, shape, rank, chunk_rows)
+    for stage in stages:
         for call in stage.collectives:
             seconds[_component(call)] += stage.chunks * _collective_seconds(call, hardware)
+        for call in stage.shared:
+            seconds[_component(call)] += _collective_seconds(call, hardware)
+    # the data-parallel replicas share the chunks
+    share = sum(s.chunks for s in stages) / max(1, sum(s.total_chunks for s in stages))
     whole = _whole_graph(work, shape, rank)
     for component, value in _compute_seconds(whole, hardware, forward_only=True).items():
-        seconds[component] += value
+        seconds[component] += share * value
     return dict(seconds)
 
 
@@ -469,26 +524,13 @@ def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
     >>> eval_buffer_bytes(work, GridShape.parse("1x2x2x2"))  # 2 x (500 x 64)
     256000.0
     """
-    cfg, me = work.model, _whole_graph(work, shape, rank)
-    one_tp_rank = shape.tp_size == 1
-    projected = cfg.input_projection and not (one_tp_rank and cfg.layers)
-    first = INPUT_LAYOUT.after_linear()
-
-    def size(layout: Layout, width: int) -> float:
-        return me.rows(layout.rows) * me.cols(width, layout.cols) * _FLOAT
-
-    sizes = [size(first, cfg.hidden if projected else work.in_features)]
-    if not cfg.layers:  # the head on the whole input
-        sizes.append(size(first.after_linear(), work.num_classes))
-    kind = conv_layer(cfg).kind
-    for layout, widths in zip(
-        layer_layouts(cfg.layers, kind), layer_widths(cfg, work.in_features, work.num_classes)
-    ):
-        out, width = kind.output_layout(layout), widths.width_out
-        if widths.index == cfg.layers - 1 and cfg.head:
-            out, width = out.after_linear(), work.num_classes
-        sizes.append(size(out, width))
-    return buffer_peak(sizes, input_owned=not (one_tp_rank and not projected))
+    me = _whole_graph(work, shape, rank)
+    first, outputs, owned = _eval_matrices(work, shape)
+    sizes = [
+        me.rows(layout.rows) * me.cols(width, layout.cols) * _FLOAT
+        for layout, width in (first, *outputs)
+    ]
+    return buffer_peak(sizes, input_owned=owned)
 
 
 def eval_memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:

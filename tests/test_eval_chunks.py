@@ -191,8 +191,9 @@ def test_the_model_sizes_its_chunks_from_its_widths_and_the_free_memory(trainer,
     assert rows == int(FREE_MEMORY_SHARE * (2**30 - reserved) // row_bytes)
 
 
-#: Counted on real ranks: N odd and chunks of 37 rows split every axis unevenly.
-COUNT_GRID = "1x2x1x3"
+#: Counted on real ranks: N odd and chunks of 37 rows split every axis unevenly, and
+#: two data-parallel replicas share them unevenly.
+COUNT_GRID = "2x2x1x2"
 COUNT_CHUNK_ROWS = 37
 COUNT_SYNTHETIC = {"num_nodes": 1001, "num_features": 10, "num_classes": 4}
 COUNT_VARIANTS = {
@@ -219,7 +220,9 @@ COUNT_VARIANTS = {
 
 def test_cost_model_counts_each_chunks_collectives(tmp_path):
     """The collectives per group kind and their bytes in one evaluation, as the cost model
-    lists them chunk by chunk; and no read-back per chunk on any rank."""
+    lists them chunk by chunk; and no read-back per chunk on any rank. The replicas of one
+    TP rank run different chunks, whose sizes differ (the model counts the average
+    chunk): their bytes are compared summed over the replicas."""
     shape = GridShape.parse(COUNT_GRID)
     base = {
         "data": {"name": "synthetic", "synthetic": COUNT_SYNTHETIC},
@@ -243,6 +246,8 @@ def test_cost_model_counts_each_chunks_collectives(tmp_path):
             num_classes=COUNT_SYNTHETIC["num_classes"],
             model=ModelConfig(**model),
         )
+        counted_bytes = [Counter() for _ in range(shape.tp_size)]
+        predicted_bytes = [Counter() for _ in range(shape.tp_size)]
         for rank in range(shape.world_size):
             counted = json.loads((tmp_path / f"eval{rank}_{name}.json").read_text())
             stages = eval_stages(work, shape, rank, COUNT_CHUNK_ROWS)
@@ -250,11 +255,18 @@ def test_cost_model_counts_each_chunks_collectives(tmp_path):
             for stage in stages:
                 for call in stage.collectives:
                     predicted_calls[call.kind] += stage.chunks
+                for call in stage.shared:
+                    predicted_calls[call.kind] += 1
             assert counted["calls"] == dict(predicted_calls), (name, rank)
-            predicted_bytes = eval_bytes(work, shape, rank, COUNT_CHUNK_ROWS)
-            assert counted["bytes"] == pytest.approx(predicted_bytes, rel=1e-9), (name, rank)
+            assert predicted_calls["dp"] == len(stages)  # each stage's output is shared
+            counted_bytes[rank % shape.tp_size].update(counted["bytes"])
+            predicted_bytes[rank % shape.tp_size].update(
+                eval_bytes(work, shape, rank, COUNT_CHUNK_ROWS)
+            )
             assert counted["syncs"] <= model["layers"], (name, rank, counted["syncs"])
-        assert sum(stage.chunks for stage in stages) > 20  # many chunks were counted
+        for counted, predicted in zip(counted_bytes, predicted_bytes):
+            assert dict(counted) == pytest.approx(dict(predicted), rel=1e-9), name
+        assert sum(stage.total_chunks for stage in stages) > 20  # many chunks were counted
 
 
 def test_the_documented_papers100m_projection_is_the_models():

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis
+from dgl_scalegnn.distributed.comm import all_reduce
 from dgl_scalegnn.model.convs import GraphLayer
 from dgl_scalegnn.model.layers import Head, InputProjection
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
@@ -218,11 +219,20 @@ def _by_row_chunks(
     dtype: torch.dtype,
     compute: Callable[[RowChunk], torch.Tensor],
 ) -> torch.Tensor:
-    """The local shard of the full-graph matrix ``spec``, filled chunk by chunk."""
-    grid = model.runtime.grid
+    """The local shard of the full-graph matrix ``spec``, filled chunk by chunk.
+
+    The data-parallel replicas hold the same shard: each computes every ``Gd``-th chunk
+    (from its own index, so that high-degree rows spread over the replicas) into zeros,
+    and one all-reduce over the replicas completes the shard on each. Adding zeros is
+    exact, so every grid still computes what one process computes.
+    """
+    runtime = model.runtime
+    grid, replicas = runtime.grid, runtime.grid.dp_group
     device = spec.rows.vertex_ids.device
-    out = torch.empty(spec.local_shape(grid.shape, grid.coords), dtype=dtype, device=device)
+    shape = spec.local_shape(grid.shape, grid.coords)
+    out = (torch.zeros if replicas.size > 1 else torch.empty)(shape, dtype=dtype, device=device)
     axis = spec.layout.rows
     for chunk in row_chunks(spec.rows.num_nodes, axis, grid.shape, grid.coords, chunk_rows, device):
-        out[chunk.start : chunk.stop] = compute(chunk)
-    return out
+        if chunk.index % replicas.size == replicas.index:
+            out[chunk.start : chunk.stop] = compute(chunk)
+    return all_reduce(out, replicas, runtime.profiler, component="dp_allreduce")
