@@ -60,12 +60,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,12 +170,59 @@ _NEEDS = {
 }
 
 
+#: DistDGL's partitioning is not started where its predicted peak
+#: (:func:`predicted_partition_mb`) is this many times the host's available memory: at
+#: 10M vertices (sparse) and 2.45M (products-like) it was killed after 2-3 minutes.
+PARTITION_MARGIN = 1.1
+
+
+def predicted_partition_mb(
+    size: GrowthSize, measured: Mapping[str, Sequence[tuple[int, float]]]
+) -> tuple[float, float] | None:
+    """DistDGL's partitioning peak (MB) at ``size`` and the exponent it grows by, from the
+    peaks ``measured`` at smaller sizes (``(vertices, MB)`` per preset): the preset's
+    largest measured peak grown as :math:`N^e`, with :math:`e` fitted over the preset's
+    sizes, or the mean of the other presets' fits where it has fewer than two (1 where
+    none has two). ``None`` where the preset has no measured size.
+
+    >>> sparse = GrowthSize("sparse", 10_000_000)
+    >>> mb, e = predicted_partition_mb(sparse, {"sparse": [(1e6, 3260.0), (3e6, 8897.0)]})
+    >>> round(mb), round(e, 2)
+    (26735, 0.91)
+    >>> products = GrowthSize("products-like", 2_449_029)
+    >>> mb, e = predicted_partition_mb(
+    ...     products, {"sparse": [(1e6, 3260.0), (3e6, 8897.0)], "products-like": [(1e6, 12264.0)]}
+    ... )
+    >>> round(mb), round(e, 2)
+    (27805, 0.91)
+    """
+    own = sorted(measured.get(size.preset, ()))
+    if not own:
+        return None
+
+    def fit(points: Sequence[tuple[int, float]]) -> float | None:
+        return growth_report.exponent([n for n, _ in points], [mb for _, mb in points])
+
+    slope = fit(own)
+    if slope is None:
+        others = [e for p, points in measured.items() if p != size.preset if (e := fit(points))]
+        slope = sum(others) / len(others) if others else 1.0
+    n, mb = own[-1]
+    return mb * (size.num_nodes / n) ** slope, slope
+
+
 def setup_graph(
-    size: GrowthSize, work: Path, methods: Iterable[str] = METHODS
+    size: GrowthSize,
+    work: Path,
+    methods: Iterable[str] = METHODS,
+    partition_peaks: Mapping[str, Sequence[tuple[int, float]]] | None = None,
 ) -> tuple[bench_scale.Graph, dict[str, Any]]:
     """Prepare ``size`` once for ``methods`` (kept in ``work``): ``scalegnn prepare``
     (streaming, bounded memory), the peers' DGL graph, DistDGL's 8 random partitions.
-    Returns the graph and the seconds and peak memory of each step."""
+    Returns the graph and the seconds and peak memory of each step. The partitioning is
+    not started where its peak predicted from ``partition_peaks`` (the smaller sizes'
+    peaks, :func:`predicted_partition_mb`) exceeds :data:`PARTITION_MARGIN` times the
+    host's available memory: the step then holds the prediction."""
     base = work / size.name
     base.mkdir(parents=True, exist_ok=True)
     done = base / "setup.json"
@@ -196,6 +244,10 @@ def setup_graph(
             module = ["benchmarks.bench_growth", step, str(spec)]
             if "error" in setup.get("generate", {}):
                 setup[step] = {"error": "the graph was not generated"}
+                continue
+            if step == "partition" and (skipped := _partition_skipped(size, partition_peaks or {})):
+                setup[step] = skipped
+                done.write_text(json.dumps(setup))
                 continue
             started = time.perf_counter()
             try:
@@ -219,6 +271,23 @@ def setup_graph(
         setup_s={step: f["seconds"] for step, f in setup.items() if "seconds" in f},
     )
     return graph, setup
+
+
+def _partition_skipped(
+    size: GrowthSize, partition_peaks: Mapping[str, Sequence[tuple[int, float]]]
+) -> dict[str, Any] | None:
+    """The partition step's record where its predicted peak does not fit this host."""
+    predicted = predicted_partition_mb(size, partition_peaks)
+    available = _available_mb()
+    if predicted is None or predicted[0] <= PARTITION_MARGIN * available:
+        return None
+    mb, slope = predicted
+    return {
+        "error": f"predicted peak {mb:.0f} MB (the smaller sizes' peaks grown as "
+        f"N^{slope:.2f}), above the {available:.0f} MB this host has available",
+        "predicted_peak_rss_mb": mb,
+        "available_mb": available,
+    }
 
 
 def generate_main(spec_path: str) -> int:
@@ -468,17 +537,59 @@ def _partial(error: bench_scale.BenchScaleError) -> dict[str, Any]:
     return partial
 
 
+#: Where no smaller size ran the grid, how a step grows with the batch, from the fixed
+#: B to B = N/100 (measured on this host, 1x1x1x1 and 1x2x2x2, 3M and 10M: 0.65-1.0).
+BATCH_EXPONENT = 0.85
+
+
+def guess_step_s(
+    scaled_s: float | None, fixed_step_s: float | None, batch: int, batch_exponent: float
+) -> float | None:
+    """A step's seconds at ``batch``, for choosing a run's steps: the geometric mean of
+    what is known, ``scaled_s`` (the previous size's step grown with N) and
+    ``fixed_step_s`` (this size's at :data:`FIXED_BATCH`) grown as
+    ``(batch / FIXED_BATCH) ** batch_exponent``; ``None`` where neither is.
+
+    On this host's runs the first alone missed by up to 34% (8 ranks: a step's fixed
+    costs do not grow with N), the second by up to 29%; their mean by at most 28%.
+
+    >>> round(guess_step_s(0.6, 0.2, 30_000, 1.0), 6)
+    0.6
+    >>> guess_step_s(None, 0.2, 10_000, 0.85), guess_step_s(None, None, 10_000, 0.85)
+    (0.2, None)
+    """
+    known = [scaled_s] if scaled_s else []
+    if fixed_step_s:
+        known.append(fixed_step_s * (batch / FIXED_BATCH) ** batch_exponent)
+    return math.prod(known) ** (1 / len(known)) if known else None
+
+
+def batch_exponent(step_s: float, fixed_step_s: float | None, batch: int) -> float | None:
+    """How a measured step grew from :data:`FIXED_BATCH` to ``batch`` (``None`` where the
+    two batches are one).
+
+    >>> round(batch_exponent(0.4, 0.2, 40_000), 3)
+    0.5
+    """
+    if not fixed_step_s or batch == FIXED_BATCH:
+        return None
+    return math.log(step_s / fixed_step_s) / math.log(batch / FIXED_BATCH)
+
+
 def run_ours(
     graph: bench_scale.Graph,
     size: GrowthSize,
     grid: str,
     budget_s: float,
-    step_guess_s: float | None,
+    scaled_s: float | None,
+    exponent: float,
     log_dir: Path,
 ) -> dict[str, Any]:
-    """One dgl_scalegnn run at B = N/100 for about ``budget_s`` training seconds (steps
-    from ``step_guess_s``, else from a timing run), evaluated at its end; with the step
-    time at the fixed B beside it. Where ``scalegnn train`` refuses the ranks an
+    """One dgl_scalegnn run at B = N/100 for about ``budget_s`` training seconds, evaluated
+    at its end; with the step time at the fixed B beside it. Its steps come from
+    :func:`guess_step_s` of ``scaled_s`` (the previous size's step grown with N) and the
+    fixed-B run with batch exponent ``exponent``, else from a timing run at B = N/100.
+    Where ``scalegnn train`` refuses the ranks an
     evaluation (it cannot fit their memory), the runs train with ``train.evaluate false``
     and the last one's checkpoint is evaluated on one process
     (:func:`evaluate_checkpoint`), as a user is told to."""
@@ -542,6 +653,8 @@ def run_ours(
         return steps, train({**batch, **kept}, steps)
 
     try:
+        fixed_s = None if fixed is None else fixed.get("step_s")
+        step_guess_s = guess_step_s(scaled_s, fixed_s, size.batch_size, exponent)
         if step_guess_s is None:
             step_guess_s = train(batch, TIMING_STEPS, timing=True)["steady_step_s"]
         steps, result = train_for(step_guess_s)
@@ -549,7 +662,7 @@ def run_ours(
         if abs(trained_s - budget_s) > BUDGET_TOLERANCE * budget_s:  # once, at its own pace
             print(f"[{size.name}] {grid} trained {trained_s:.1f} s of {budget_s:.0f}", flush=True)
             steps, result = train_for(result["steady_step_s"])
-        row = _ours_row(result, grid, size.batch_size)
+        row = {**_ours_row(result, grid, size.batch_size), "step_guess_s": step_guess_s}
         if elsewhere:
             evaluated = evaluate_checkpoint(graph, size, checkpoints, steps, log_dir)
             row.update(test_acc=evaluated["test_acc"], val_acc=evaluated["val_acc"])
@@ -686,8 +799,13 @@ def run_size(
     """Every wanted method at ``size`` (skipping those in ``done``), for a training
     budget of ``budget_per_million_s`` seconds per million vertices."""
     print(f"[{size.name}] preparing", flush=True)
-    graph, setup = setup_graph(size, work, wanted)
+    partition_peaks = carry.setdefault("partition_peaks", {})
+    graph, setup = setup_graph(size, work, wanted, partition_peaks)
     record({"size": size.name, "method": "setup", **setup})
+    if "seconds" in setup.get("partition", {}):  # measured: what larger sizes predict from
+        partition_peaks.setdefault(size.preset, []).append(
+            (size.num_nodes, setup["partition"]["peak_rss_mb"])
+        )
     budget = budget_per_million_s * size.num_nodes / 1e6
     guesses = carry.setdefault(f"step_guess-{size.preset}", {})
     grid8 = plan_grid(graph, size.batch_size)
@@ -696,8 +814,9 @@ def run_size(
     def ours(grid: str) -> Callable[[], dict[str, Any]]:
         def run() -> dict[str, Any]:
             previous = guesses.get(grid)  # at fixed B/N a step grows about as N
-            guess = None if previous is None else previous[0] * size.num_nodes / previous[1]
-            return run_ours(graph, size, grid, budget, guess, log_dir)
+            scaled = None if previous is None else previous[0] * size.num_nodes / previous[1]
+            exponent = BATCH_EXPONENT if previous is None or previous[2] is None else previous[2]
+            return run_ours(graph, size, grid, budget, scaled, exponent, log_dir)
 
         return run
 
@@ -727,10 +846,11 @@ def run_size(
             failed = setup[missing[0]]
             why = (failed["error"].strip().splitlines() or [""])[-1][:300]
             peak = failed.get("peak_rss_mb")
+            ended = "was not run" if "predicted_peak_rss_mb" in failed else "failed"
             row = {
                 "size": size.name,
                 "method": method,
-                "error": f"its {missing[0]} step failed"
+                "error": f"its {missing[0]} step {ended}"
                 + (f" at a peak of {peak:.0f} MB" if peak else "")
                 + f": {why}",
             }
@@ -750,7 +870,9 @@ def run_size(
             }
             record(row)
         if "step_s" in row and "grid" in row and "error" not in row:
-            guesses[row["grid"]] = (row["step_s"], size.num_nodes)
+            fixed_s = (row.get("fixed_batch") or {}).get("step_s")
+            exponent = batch_exponent(row["step_s"], fixed_s, size.batch_size)
+            guesses[row["grid"]] = (row["step_s"], size.num_nodes, exponent)
         if method == METHODS[3] and "choice" in row:
             carry[f"saint-{size.preset}"] = row["choice"]
         print(f"[{size.name}] {method}: {_summary(row)}", flush=True)

@@ -144,6 +144,8 @@ def analyse(payload: Mapping[str, Any]) -> dict[str, Any]:
                         at[f"{step}_{key}"] = figures[key]
                 elif figures.get("peak_rss_mb"):  # killed: its peak, apart from the fit
                     at[f"{step}_failed_peak_rss_mb"] = figures["peak_rss_mb"]
+                elif figures.get("predicted_peak_rss_mb"):  # not run: it would not fit
+                    at[f"{step}_predicted_peak_rss_mb"] = figures["predicted_peak_rss_mb"]
             continue
         predicted = {f"predicted_{k}": v for k, v in row.get("predicted", {}).items()}
         if "evaluated_elsewhere" in row:  # measured: training's peak only, no evaluation
@@ -218,11 +220,16 @@ def failure(row: Mapping[str, Any]) -> str:
 
     >>> failure({"error": "... exited with -9; log x:\\nSplit the graph: 57 s"})
     'killed (SIGKILL, out of memory)'
+    >>> failure({"error": "its partition step was not run: predicted peak 26571 MB (...)"})
+    'no partition: not run, its peak predicted at 26571 MB'
     """
     error = row["error"]
     peak = re.search(r"at a peak of (\d+) MB", error)
-    step = re.match(r"its (\w+) step failed", error)
+    step = re.match(r"its (\w+) step (failed|was not run)", error)
     at = f" at {peak.group(1)} MB" if peak else ""
+    if step and step.group(2) == "was not run":  # predicted not to fit the host
+        predicted = re.search(r"predicted peak (\d+) MB", error)
+        return f"no {step.group(1)}: not run, its peak predicted at {predicted.group(1)} MB"
     if step:  # a preparation step the method needs
         return f"no {step.group(1)}: killed for memory{at}"
     if "signal 9" in error or "exited with -9" in error:
@@ -303,6 +310,8 @@ def _setup_table(setup: Mapping[str, Any]) -> list[str]:
         cells = [
             f"{_fmt(v.get(f'{step}_seconds'))} ({_megabytes(v.get(f'{step}_peak_rss_mb'))})"
             if f"{step}_seconds" in v
+            else f"not run (predicted {_megabytes(v[f'{step}_predicted_peak_rss_mb'])})"
+            if f"{step}_predicted_peak_rss_mb" in v
             else f"killed ({_megabytes(v.get(f'{step}_failed_peak_rss_mb'))})"
             for step in ("prepare", "generate", "partition")
         ]

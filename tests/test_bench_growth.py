@@ -7,6 +7,7 @@ import benchmarks.baselines  # noqa: F401  (before torch: sets OMP_WAIT_POLICY)
 
 # isort: split
 
+import json
 import math
 import sys
 import time
@@ -143,7 +144,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
         lambda graph, grid, batch: {"step_s": 0.4, "peak_rank_mb": 4000.0, "eval_s": 9.0},
     )
     size = bench_growth.GrowthSize("sparse", 10_000_000)
-    row = bench_growth.run_ours(None, size, "1x2x2x2", 20.0, 0.5, tmp_path)
+    row = bench_growth.run_ours(None, size, "1x2x2x2", 20.0, 0.5, 0.0, tmp_path)
     # the timing run at the fixed B is never evaluated; the budget run is, until refused
     assert [c.get("train.evaluate") for c in calls] == ["false", None, "false"]
     assert calls[1]["train.evaluation"] == "layerwise"  # never minutes in neighbourhoods
@@ -228,12 +229,91 @@ def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
     monkeypatch.setattr(bench_scale, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
     size = bench_growth.GrowthSize("sparse", 1_000_000)  # B = 10,000: no fixed-B run
-    row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, tmp_path)
+    row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, 0.85, tmp_path)
     assert steps_run == [40, 20] and row["steps"] == 20 and row["train_s"] == 20.0
     assert evaluated_at == [[39, 40], [19, 20]]
     assert row["eval_s"] == 1.0 and row["first_eval_s"] == 2.5
     table = growth_report._run_table([{**row, "size": size.name, "method": "ours"}])
     assert "| 1 (first 2.5) |" in table[-1]
+
+
+def test_a_grid_new_at_its_size_takes_its_steps_from_the_fixed_batch_run(
+    monkeypatch, tmp_path
+) -> None:
+    """No smaller size ran the grid: the fixed-B run (0.5 s a step at B = 10k) grown to
+    B = 30k as B^1 gives 1.5 s, so a 30 s budget is 20 steps, with no timing run at
+    B = N/100 in between (runs faked). With the previous size's step too, the guess is the
+    geometric mean of both."""
+    batches, steps_run = [], []
+
+    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch):
+        batches.append(settings["sampling.batch_size"])
+        steps_run.append(steps)
+        step_s = 0.5 if settings["sampling.batch_size"] == bench_growth.FIXED_BATCH else 1.5
+        history = [{"train_s": steps * step_s, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
+        return {
+            "history": history,
+            "steps": steps,
+            "step_s": step_s,
+            "steady_step_s": step_s,
+            "first_step_s": step_s,
+            "seconds_per_step_breakdown": {},
+            "max_rss_mb": [900.0] * 8,
+            "train_max_rss_mb": [800.0] * 8,
+        }
+
+    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
+    size = bench_growth.GrowthSize("sparse", 3_000_000)
+    row = bench_growth.run_ours(None, size, "4x2x1x1", 30.0, None, 1.0, tmp_path)
+    assert batches == [bench_growth.FIXED_BATCH, 30_000] and steps_run == [8, 20]
+    assert row["step_guess_s"] == 1.5 and row["fixed_batch"]["step_s"] == 0.5
+    assert bench_growth.batch_exponent(row["step_s"], 0.5, size.batch_size) == 1.0
+    assert bench_growth.guess_step_s(6.0, 0.5, 30_000, 1.0) == 3.0
+
+
+def test_a_partition_predicted_not_to_fit_is_not_started_and_its_row_says_so(
+    monkeypatch, tmp_path
+) -> None:
+    """Measured peaks of 3,260 and 8,897 MB at 1M and 3M predict 26.6 GB at 10M; on a host
+    with 20 GB available the partitioning is not started (``_measured`` would fail the
+    test), the setup holds the prediction, and DistDGL's row and the report say why. With
+    64 GB available it runs."""
+    size = bench_growth.GrowthSize("sparse", 10_000_000)
+    base = tmp_path / size.name
+    base.mkdir()
+    ready = {"prepare": {"seconds": 1.0, "peak_rss_mb": 1.0}}
+    (base / "setup.json").write_text(json.dumps({**ready, "generate": ready["prepare"]}))
+    started = []
+    monkeypatch.setattr(bench_growth, "_available_mb", lambda: 20_000.0)
+    monkeypatch.setattr(bench_growth, "_measured", lambda *args: started.append(args))
+    peaks = {"sparse": [(1_000_000, 3260.0), (3_000_000, 8897.0)]}
+    _, setup = bench_growth.setup_graph(size, tmp_path, bench_growth.METHODS, peaks)
+    assert not started and round(setup["partition"]["predicted_peak_rss_mb"]) == 26735
+    assert "N^0.91" in setup["partition"]["error"]
+
+    rows, setup_graph = [], bench_growth.setup_graph
+    monkeypatch.setattr(bench_growth, "setup_graph", lambda *args: (None, setup))
+    monkeypatch.setattr(bench_growth, "plan_grid", lambda graph, batch: bench_scale.GRID_8)
+    carry = {"partition_peaks": peaks}
+    wanted = {"DistDGL, 8 trainers"}
+    bench_growth.run_size(size, 6.0, tmp_path, tmp_path, {}, rows.append, wanted, carry)
+    (setup_row, distdgl_row) = rows
+    assert distdgl_row["error"].startswith("its partition step was not run: predicted peak 26735")
+    assert growth_report.failure(distdgl_row) == (
+        "no partition: not run, its peak predicted at 26735 MB"
+    )
+    analysed = growth_report.analyse({"rows": [setup_row]})["sparse"]["setup"]
+    table = "\n".join(growth_report._setup_table({**analysed, "exponents": {}}))
+    assert "| not run (predicted 26735 MB) |" in table
+
+    monkeypatch.setattr(bench_growth, "_available_mb", lambda: 64_000.0)
+    (base / "setup.json").write_text(json.dumps({**ready, "generate": ready["prepare"]}))
+    monkeypatch.setattr(
+        bench_growth, "_measured", lambda *args: {"seconds": 2.0, "peak_rss_mb": 25_000.0}
+    )
+    _, setup = setup_graph(size, tmp_path, bench_growth.METHODS, peaks)
+    assert setup["partition"] == {"seconds": 2.0, "peak_rss_mb": 25_000.0}
 
 
 def test_graphsaint_sweeps_normalisation_and_rate_then_dropout_on_the_best() -> None:
