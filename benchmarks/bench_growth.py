@@ -445,6 +445,15 @@ def _ours_row(result: Mapping[str, Any], grid: str, batch: int) -> dict[str, Any
 #: off by 3x on a loaded machine; 8-rank runs take minutes, so only a large miss is redone).
 BUDGET_TOLERANCE = 0.25
 
+
+class BudgetMissed(bench_scale.BenchScaleError):
+    """A run stopped by its :class:`BudgetGuard`; ``step_s``: its projected step."""
+
+    def __init__(self, step_s: float) -> None:
+        super().__init__(f"would miss its training budget at {step_s:.3g} s a step")
+        self.step_s = step_s
+
+
 #: What ``scalegnn train`` says when its ranks cannot hold a layer-wise evaluation. The
 #: runs ask for one (``train.evaluation: layerwise``): where it does not fit, ``auto``
 #: would evaluate in neighbourhoods, which at 10M on 8 ranks of 2 cores takes minutes a
@@ -483,6 +492,48 @@ def evaluate_checkpoint(
         "val_acc": evaluation["val_acc"],
         "test_acc": evaluation["test_acc"],
     }
+
+
+class BudgetGuard:
+    """A :func:`~benchmarks.bench_scale._run` watch that stops a run of ``steps`` steps
+    whose first steps show it will miss its ``budget_s`` training seconds by more than
+    ``tolerance``: once ``steady`` steps after the first are in its ``metrics`` file, the
+    run's training is projected as its first step and the rest at their mean. Found so, a
+    miss costs a launch and a few steps; found at the end, it cost the whole run and its
+    evaluation (at 10M on 8 ranks, 4 minutes).
+
+    ``step_s`` is then the projected seconds a step (the first's share included), to plan
+    the run again from.
+    """
+
+    def __init__(
+        self,
+        metrics: Path,
+        steps: int,
+        budget_s: float,
+        tolerance: float = BUDGET_TOLERANCE,
+        steady: int = 5,
+    ) -> None:
+        self.metrics, self.steps, self.budget_s = metrics, steps, budget_s
+        self.tolerance, self.steady = tolerance, steady
+        self.step_s: float | None = None
+
+    def __call__(self, pid: int) -> None:
+        if self.step_s is not None or not self.metrics.exists():
+            return
+        times = []
+        for line in self.metrics.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # the last may be half written
+                record = json.loads(line)
+                if record.get("event") == "step":
+                    times.append(record["step_s"])
+        if len(times) <= self.steady:
+            return
+        projected = times[0] + (self.steps - 1) * sum(times[1:]) / (len(times) - 1)
+        if abs(projected - self.budget_s) > self.tolerance * self.budget_s:
+            self.step_s = projected / self.steps
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, 9)  # the run's own session: mpirun and every rank
 
 
 class ThrashGuard:
@@ -538,8 +589,8 @@ def _partial(error: bench_scale.BenchScaleError) -> dict[str, Any]:
 
 
 #: Where no smaller size ran the grid, how a step grows with the batch, from the fixed
-#: B to B = N/100 (measured on this host, 1x1x1x1 and 1x2x2x2, 3M and 10M: 0.65-1.0).
-BATCH_EXPONENT = 0.85
+#: B to B = N/100 (measured on this host at 3M and 10M: 0.62-0.97, median 0.75).
+BATCH_EXPONENT = 0.75
 
 
 def guess_step_s(
@@ -550,8 +601,10 @@ def guess_step_s(
     ``fixed_step_s`` (this size's at :data:`FIXED_BATCH`) grown as
     ``(batch / FIXED_BATCH) ** batch_exponent``; ``None`` where neither is.
 
-    On this host's runs the first alone missed by up to 34% (8 ranks: a step's fixed
-    costs do not grow with N), the second by up to 29%; their mean by at most 28%.
+    On this host the first alone was off by up to 36% (8 ranks: a step's fixed costs
+    do not grow with N), and the second by up to 70% where the grid was new at its size
+    (its exponent unknown); :class:`BudgetGuard` catches such a miss in the run's first
+    steps.
 
     >>> round(guess_step_s(0.6, 0.2, 30_000, 1.0), 6)
     0.6
@@ -604,32 +657,56 @@ def run_ours(
     def rounds_at(steps: int) -> list[int]:
         return [steps - 1, steps] if processes == 1 else [steps]
 
-    def train(overrides: Mapping[str, Any], steps: int, timing: bool = False) -> dict[str, Any]:
+    def train(
+        overrides: Mapping[str, Any], steps: int, timing: bool = False, budget: bool = False
+    ) -> dict[str, Any]:
         """``steps`` steps; a ``timing`` run is not evaluated (its step time is all it is
         for: at 10M an evaluation on 8 ranks takes minutes). The others are evaluated:
         on one process after their last two steps, since the second round is what a run
         that evaluates periodically pays (the first one's buffers come from fresh pages)
         and DGL's forward is timed so; on 8 ranks once, after the last step, since their
         second rounds (6-40 s, 118 s at 10M on the plan grid) would take 4 of the
-        benchmark's minutes."""
+        benchmark's minutes. With ``budget``, a run its first steps show to miss the
+        budget is stopped (:class:`BudgetGuard`, raising :class:`BudgetMissed`)."""
         guard = ThrashGuard()
+        launched = len(list(log_dir.glob("ours-*.jsonl")))
+        metrics = log_dir / f"ours-{size.name}-{grid}-{launched}.jsonl"
+        missed = BudgetGuard(metrics, steps, budget_s) if budget else None
         evaluate = not (elsewhere or timing)
         settings = {
             **overrides,
             **({"train.evaluation": "layerwise"} if evaluate else {"train.evaluate": "false"}),
         }
+
+        def watch(pid: int) -> None:
+            guard(pid)
+            if missed is not None:
+                missed(pid)
+
         try:
             return bench_scale.run_ours(
-                graph, p, settings, 0, processes, steps, rounds_at(steps), log_dir, grid, guard
+                graph,
+                p,
+                settings,
+                0,
+                processes,
+                steps,
+                rounds_at(steps),
+                log_dir,
+                grid,
+                watch,
+                metrics,
             )
         except bench_scale.BenchScaleError as error:
             if guard.stopped:
                 error.args = (f"stopped: the host thrashed ({error.args[0]})",)
+            elif missed is not None and missed.step_s is not None:
+                raise BudgetMissed(missed.step_s) from error
             if elsewhere or EVALUATION_REFUSED not in str(error):
                 raise
             why = next(line for line in str(error).splitlines() if EVALUATION_REFUSED in line)
             elsewhere["why"] = why.removeprefix("scalegnn: error: ")
-            return train(overrides, steps)
+            return train(overrides, steps, budget=budget)
 
     fixed: dict[str, Any] | None = None
     if size.batch_size != FIXED_BATCH:
@@ -646,11 +723,21 @@ def run_ours(
                 fixed["step_s"] = partial["step_s_before_failure"]
     checkpoints = log_dir / f"ckpt-{size.name}-{grid}"
 
-    def train_for(step_s: float) -> tuple[int, dict[str, Any]]:
+    def train_for(step_s: float, budget: bool = True) -> tuple[int, dict[str, Any]]:
+        """A run planned from ``step_s``; with ``budget``, stopped and planned again
+        once from its own first steps if they show it would miss the budget."""
         steps = max(TIMING_STEPS, round(budget_s / step_s))
         shutil.rmtree(checkpoints, ignore_errors=True)  # a resume takes the newest
         kept = {"output.dir": checkpoints, "output.checkpoint_every": steps}
-        return steps, train({**batch, **kept}, steps)
+        try:
+            return steps, train({**batch, **kept}, steps, budget=budget)
+        except BudgetMissed as missed:
+            would = missed.step_s * steps
+            print(
+                f"[{size.name}] {grid} stopped: would train {would:.1f} s of {budget_s:.0f}",
+                flush=True,
+            )
+            return train_for(missed.step_s, budget=False)
 
     try:
         fixed_s = None if fixed is None else fixed.get("step_s")
@@ -661,7 +748,7 @@ def run_ours(
         trained_s = result["step_s"] * result["steps"]
         if abs(trained_s - budget_s) > BUDGET_TOLERANCE * budget_s:  # once, at its own pace
             print(f"[{size.name}] {grid} trained {trained_s:.1f} s of {budget_s:.0f}", flush=True)
-            steps, result = train_for(result["steady_step_s"])
+            steps, result = train_for(result["steady_step_s"], budget=False)
         row = {**_ours_row(result, grid, size.batch_size), "step_guess_s": step_guess_s}
         if elsewhere:
             evaluated = evaluate_checkpoint(graph, size, checkpoints, steps, log_dir)

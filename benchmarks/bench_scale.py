@@ -371,14 +371,16 @@ def run_ours(
     log_dir: Path,
     grid: str | None = None,
     watch: Callable[[int], None] | None = None,
+    metrics: Path | None = None,
 ) -> dict[str, Any]:
     """``scalegnn train`` on ``processes`` ranks (on ``grid``; by default 1x2x2x2 for 8,
     1x1x1x1 for 1); the common result format plus the engine's own figures (``step_s``,
     ``seconds`` breakdown, ``max_rss_mb``, per-evaluation ``eval_s``). ``watch`` as
-    for :func:`_run`."""
+    for :func:`_run`; ``metrics`` the run's JSON-lines file (by default a new one in
+    ``log_dir``)."""
     grid = grid or (GRID_8 if processes > 1 else "1x1x1x1")
     tag = f"ours-{graph.name}-p{processes}-s{seed}-{len(list(log_dir.glob('ours-*.jsonl')))}"
-    metrics = log_dir / f"{tag}.jsonl"
+    metrics = metrics or log_dir / f"{tag}.jsonl"
     settings = {
         "data.prepared": str(graph.prepared),
         "sampling.batch_size": p.batch_size,

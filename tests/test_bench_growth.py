@@ -109,7 +109,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
         "beside what the rank holds"
     )
 
-    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch):
+    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
         calls.append(dict(settings))
         rounds.append(list(at))
         if settings.get("train.evaluate") != "false":
@@ -208,7 +208,7 @@ def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
     last two steps; the row's round is the second, the first kept beside it."""
     steps_run, evaluated_at = [], []
 
-    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch):
+    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
         steps_run.append(steps)
         evaluated_at.append(list(at))
         history = [
@@ -246,7 +246,7 @@ def test_a_grid_new_at_its_size_takes_its_steps_from_the_fixed_batch_run(
     geometric mean of both."""
     batches, steps_run = [], []
 
-    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch):
+    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
         batches.append(settings["sampling.batch_size"])
         steps_run.append(steps)
         step_s = 0.5 if settings["sampling.batch_size"] == bench_growth.FIXED_BATCH else 1.5
@@ -270,6 +270,85 @@ def test_a_grid_new_at_its_size_takes_its_steps_from_the_fixed_batch_run(
     assert row["step_guess_s"] == 1.5 and row["fixed_batch"]["step_s"] == 0.5
     assert bench_growth.batch_exponent(row["step_s"], 0.5, size.batch_size) == 1.0
     assert bench_growth.guess_step_s(6.0, 0.5, 30_000, 1.0) == 3.0
+
+
+def _step_events(metrics, times) -> None:
+    with open(metrics, "a") as out:
+        for step, seconds in enumerate(times):
+            out.write(json.dumps({"event": "step", "step": step, "step_s": seconds}) + "\n")
+
+
+def test_budget_guard_stops_a_run_its_first_steps_show_will_miss_and_spares_others(
+    tmp_path,
+) -> None:
+    """A real process in its own session, watched with its metrics file: 40 steps planned
+    for 20 s, at 1 s a step after a 2 s first step, project 41 s and stop it; at 0.5 s a
+    step (21.5 s) it runs on. Five steady steps are needed, and a half-written line is
+    skipped."""
+    import subprocess
+
+    def watched(times: list[float], suffix: str) -> tuple[bench_growth.BudgetGuard, int | None]:
+        metrics = tmp_path / f"run-{suffix}.jsonl"
+        proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        try:
+            guard = bench_growth.BudgetGuard(metrics, steps=40, budget_s=20.0)
+            guard(proc.pid)  # no file yet
+            _step_events(metrics, times[:5])
+            guard(proc.pid)  # four steady steps: too few to tell
+            _step_events(metrics, times[5:])
+            with open(metrics, "a") as out:
+                out.write('{"event": "step", "st')
+            guard(proc.pid)
+            return guard, proc.wait(timeout=5) if guard.step_s is not None else proc.poll()
+        finally:
+            proc.kill()
+            proc.wait()
+
+    guard, code = watched([2.0] + [1.0] * 5, "slow")
+    assert code == -9 and guard.step_s == pytest.approx(41.0 / 40)
+    guard, code = watched([2.0] + [0.5] * 5, "on-budget")
+    assert code is None and guard.step_s is None
+
+
+def test_a_run_stopped_for_its_budget_is_planned_again_from_its_first_steps(
+    monkeypatch, tmp_path
+) -> None:
+    """The guess says 0.5 s a step (40 steps of a 20 s budget); the run's first steps take
+    1 s: the guard stops it and the run is planned again from their projection, 41 s over
+    40 steps (20 steps), and kept (runs faked; the first is a real process, killed)."""
+    import subprocess
+
+    launches = []
+
+    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
+        launches.append(steps)
+        if len(launches) == 1:
+            proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+            try:
+                _step_events(metrics, [2.0] + [1.0] * 6)
+                watch(proc.pid)
+                assert proc.wait(timeout=5) == -9
+            finally:
+                proc.kill()
+                proc.wait()
+            raise bench_scale.BenchScaleError("mpirun ... exited with -9; log x:\n")
+        history = [{"train_s": steps * 1.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
+        return {
+            "history": history,
+            "steps": steps,
+            "step_s": 1.0,
+            "steady_step_s": 1.0,
+            "first_step_s": 1.0,
+            "seconds_per_step_breakdown": {},
+            "max_rss_mb": [900.0],
+            "train_max_rss_mb": [800.0],
+        }
+
+    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
+    size = bench_growth.GrowthSize("sparse", 1_000_000)  # B = 10,000: no fixed-B run
+    row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, 0.75, tmp_path)
+    assert launches == [40, 20] and row["steps"] == 20 and row["train_s"] == 20.0
 
 
 def test_a_partition_predicted_not_to_fit_is_not_started_and_its_row_says_so(
