@@ -40,42 +40,55 @@ SETUP_QUANTITIES = {"seconds": "preparation s", "peak_rss_mb": "preparation peak
 #: table marks which quantities of which methods differ; these say why).
 WHY: dict[str, str] = {
     "s/step at fixed B on 1 process": (
-        "0.037 s at 1M, 0.040 s at 3M and 0.035 s at 10M (the model: N^0); the two runs "
-        "before this one measured 0.030, 0.036 and 0.031 s and 0.036, 0.032 and 0.044 s. "
-        "The batch's work is the same at every size, but its rows are gathered from a "
-        "graph share ten times larger (the CSR and the features: 0.3 GB at 1M, 2.7 GB at "
-        "10M), so more gathers can miss the caches and the TLB; on 2 shared cores that "
-        "shows as noise of up to 50% between runs rather than as a trend."
+        "0.037 s at 1M, 0.048 s at 3M and 0.038 s at 10M (the model: N^0); the three runs "
+        "before this one measured 0.037, 0.040 and 0.035 s; 0.030, 0.036 and 0.031 s; 0.036, "
+        "0.032 and 0.044 s. The batch's work is the same at every size, but its rows are "
+        "gathered from a graph share ten times larger (the CSR and the features: 0.3 GB at "
+        "1M, 2.7 GB at 10M), so more gathers can miss the caches and the TLB; on 2 shared "
+        "cores that shows as noise of up to 50% between runs rather than as a trend."
     ),
-    "evaluation s/round on 1 process (sparse)": (
-        "1.71, 6.77 and 22.6 s at 1M, 3M and 10M: 4.0x from 1M to 3M, then 3.3x for 3.3x "
-        "the vertices. The model's N^1 holds from 3M on; the 1M round is the outlier, its "
-        "graph share (0.3 GB) closer to the caches than the others'."
+    "evaluation s/round on 1 process": (
+        "sparse: 1.66, 6.16 and 22.7 s at 1M, 3M and 10M, 3.7x for 3x the vertices and "
+        "3.7x again for 3.3x (N^1.13); products-like: 5.16 and 16.6 s at 1M and 2.45M, "
+        "3.2x for 2.45x (N^1.3). The model counts the SpMM's bytes at one bandwidth "
+        "(N^1); the SpMM gathers a row of the layer input for every entry, at random, from "
+        "a matrix that grows with N (0.5 GB at sparse 1M, 5.1 GB at 10M, 128 floats a "
+        "row), so a larger share of the gathers miss the caches and the TLB. The "
+        "products-like graph has about 5x the entries a row, so it gathers more per vertex."
     ),
     "s/step on 8 processes (1x2x2x2)": (
-        "the 8 ranks share 2 cores, and each all-reduce's latency (a context switch per "
-        "message among 8 processes) is most of a step (0.126 of 0.201 s at 1M, sparse) and "
-        "does not grow with N. The model prices a core per rank (50 us, 5 GB/s) and "
-        "predicts 0.025 s a step at 1M, 8x less than measured, most of it bandwidth that "
-        "grows with B: measured growth is slower than predicted."
+        "0.223, 0.434 and 1.11 s at 1M, 3M and 10M (N^0.70; the model N^0.93). The 8 "
+        "ranks share 2 cores, and each all-reduce's latency (a context switch per message "
+        "among 8 processes) is most of a step (0.125 of 0.223 s at 1M) and does not grow "
+        "with N. The model prices a core per rank (50 us, 5 GB/s) and predicts 0.025, "
+        "0.066 and 0.211 s, 4-9x less than measured, most of it bandwidth that grows with "
+        "B: measured growth is slower than predicted."
+    ),
+    "evaluation s/round on 8 processes (1x2x2x2, sparse)": (
+        "two sizes only (at 10M the ranks are refused a layer-wise round): 9.93 and 25.3 s "
+        "at 1M and 3M, 2.5x for 3x (N^0.85; the model N^1, 1.08 and 3.24 s). As for a "
+        "step, the chunks' collectives pay a latency the model prices at 50 us; what part "
+        "of the round does not grow with N was not traced."
     ),
     "peak MB per rank on 8 processes (1x2x2x2, sparse)": (
         "two sizes only: at 10M the evaluation was refused, so there is no peak with one. "
-        "Measured 987 and 1,720 MB at 1M and 3M, the model 790 and 1,532 MB: it is 197 MB "
-        "(20%) low at 1M and 188 MB (11%) low at 3M, so the measured peaks grow as N^0.51 "
-        "against its N^0.60, and the sums over ranks as N^0.47. Which of the rank's "
-        "buffers the model misses (about 190 MB at both sizes) was not traced. The "
-        "training peaks, measured at all three sizes, grow as N^0.50."
+        "Measured 978 and 1,677 MB at 1M and 3M, the model 790 and 1,532 MB: 188 MB (24%) "
+        "low at 1M and 145 MB (9%) low at 3M (N^0.49 measured, N^0.60 predicted). Which of "
+        "the rank's buffers the model misses was not traced. The training peaks, measured "
+        "at all three sizes, are 568, 886 and 1,889 MB (N^0.52)."
     ),
     "the plan grid": (
         "its grid changes with N, so its exponents compare different layouts, not one "
-        "growth. With every rank's share of this host's memory (an eighth of what is "
-        "available) and the evaluation's whole-graph matrices in the model, the plan "
-        "ranks 8x1x1x1 first at 1M, 4x2x1x1 at 3M and 1x8x1x1 at 10M (sparse), 8x1x1x1 at "
-        "1M and 2x1x2x2 at 2.45M (products-like). All ran: 1x8x1x1 at 10M evaluated at "
-        "2,920 MB a rank (the model: 3,031), 2x1x2x2 at 2.45M at 3,168 (the model: 2,759). "
-        "Each was 1.3-2.3x slower a step than 1x2x2x2: the model ranks by bandwidth, and "
-        "on 2 cores latency decides."
+        "growth (hence the fixed-B exponents that differ). With every rank's share of this "
+        "host's memory (an eighth of what is available) and the evaluation's whole-graph "
+        "matrices in the model, the plan ranks 8x1x1x1 first at 1M, 4x2x1x1 at 3M and "
+        "1x8x1x1 at 10M (sparse), 8x1x1x1 at 1M and 2x1x2x2 at 2.45M (products-like). It "
+        "ranks by epoch time: a data-parallel grid takes Gd batches a step. A step of the "
+        "plan's grid costs 1.3-2.2x one of 1x2x2x2, but an epoch 6.1x less at 1M, 1.9x "
+        "less at 3M, 3.6x and 1.5x less on products-like; at 10M, where it chose 1x8x1x1, "
+        "2.2x more. Its data-parallel replicas share the evaluation's chunks: 8x1x1x1 "
+        "evaluates sparse 1M in 8.6 s (19.0 s in the run before, when every replica "
+        "evaluated the whole graph)."
     ),
 }
 
