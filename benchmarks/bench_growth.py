@@ -205,7 +205,8 @@ def predicted_partition_mb(
 
     slope = fit(own)
     if slope is None:
-        others = [e for p, points in measured.items() if p != size.preset if (e := fit(points))]
+        fits = [fit(points) for preset, points in measured.items() if preset != size.preset]
+        others = [e for e in fits if e is not None]
         slope = sum(others) / len(others) if others else 1.0
     n, mb = own[-1]
     return mb * (size.num_nodes / n) ** slope, slope
