@@ -283,8 +283,9 @@ def test_budget_guard_stops_a_run_its_first_steps_show_will_miss_and_spares_othe
 ) -> None:
     """A real process in its own session, watched with its metrics file: 40 steps planned
     for 20 s, at 1 s a step after a 2 s first step, project 41 s and stop it; at 0.5 s a
-    step (21.5 s) it runs on. Five steady steps are needed, and a half-written line is
-    skipped."""
+    step (21.5 s) it runs on. A fifth of the steps is needed (8 after the first), the
+    later half of them sets the pace (slow warm-up steps alone do not stop a run), and a
+    half-written line is skipped."""
     import subprocess
 
     def watched(times: list[float], suffix: str) -> tuple[bench_growth.BudgetGuard, int | None]:
@@ -293,9 +294,9 @@ def test_budget_guard_stops_a_run_its_first_steps_show_will_miss_and_spares_othe
         try:
             guard = bench_growth.BudgetGuard(metrics, steps=40, budget_s=20.0)
             guard(proc.pid)  # no file yet
-            _step_events(metrics, times[:5])
-            guard(proc.pid)  # four steady steps: too few to tell
-            _step_events(metrics, times[5:])
+            _step_events(metrics, times[:8])
+            guard(proc.pid)  # seven steps after the first: too few to tell
+            _step_events(metrics, times[8:])
             with open(metrics, "a") as out:
                 out.write('{"event": "step", "st')
             guard(proc.pid)
@@ -304,9 +305,12 @@ def test_budget_guard_stops_a_run_its_first_steps_show_will_miss_and_spares_othe
             proc.kill()
             proc.wait()
 
-    guard, code = watched([2.0] + [1.0] * 5, "slow")
+    guard, code = watched([2.0] + [1.0] * 8, "slow")
     assert code == -9 and guard.step_s == pytest.approx(41.0 / 40)
-    guard, code = watched([2.0] + [0.5] * 5, "on-budget")
+    guard, code = watched([2.0] + [0.5] * 8, "on-budget")
+    assert code is None and guard.step_s is None
+    # 20.45 s projected; the first six steps' mean would have projected 26.6 s
+    guard, code = watched([2.0, 1.0, 0.8] + [0.45] * 6, "warming up")
     assert code is None and guard.step_s is None
 
 
@@ -325,7 +329,7 @@ def test_a_run_stopped_for_its_budget_is_planned_again_from_its_first_steps(
         if len(launches) == 1:
             proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
             try:
-                _step_events(metrics, [2.0] + [1.0] * 6)
+                _step_events(metrics, [2.0] + [1.0] * 8)
                 watch(proc.pid)
                 assert proc.wait(timeout=5) == -9
             finally:
