@@ -200,6 +200,20 @@ def test_a_checkpoint_evaluates_on_one_process_from_the_benchmark(tmp_path) -> N
     assert evaluated["peak_rss_mb"] > 100
 
 
+def _ran(steps: int, step_s: float, history: list, processes: int = 1) -> dict:
+    """What a faked ``bench_scale.run_ours`` returns: ``steps`` steps of ``step_s``."""
+    return {
+        "history": history,
+        "steps": steps,
+        "step_s": step_s,
+        "steady_step_s": step_s,
+        "first_step_s": step_s,
+        "seconds_per_step_breakdown": {},
+        "max_rss_mb": [900.0] * processes,
+        "train_max_rss_mb": [800.0] * processes,
+    }
+
+
 def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
     monkeypatch, tmp_path
 ) -> None:
@@ -215,16 +229,7 @@ def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
             {"train_s": steps - 1.0, "eval_s": 2.5, "val_acc": 0.8, "test_acc": 0.8},
             {"train_s": steps * 1.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8},
         ]
-        return {
-            "history": history,
-            "steps": steps,
-            "step_s": 1.0,
-            "steady_step_s": 1.0,
-            "first_step_s": 1.0,
-            "seconds_per_step_breakdown": {},
-            "max_rss_mb": [900.0],
-            "train_max_rss_mb": [800.0],
-        }
+        return _ran(steps, 1.0, history)
 
     monkeypatch.setattr(bench_scale, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
@@ -251,16 +256,7 @@ def test_a_grid_new_at_its_size_takes_its_steps_from_the_fixed_batch_run(
         steps_run.append(steps)
         step_s = 0.5 if settings["sampling.batch_size"] == bench_growth.FIXED_BATCH else 1.5
         history = [{"train_s": steps * step_s, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
-        return {
-            "history": history,
-            "steps": steps,
-            "step_s": step_s,
-            "steady_step_s": step_s,
-            "first_step_s": step_s,
-            "seconds_per_step_breakdown": {},
-            "max_rss_mb": [900.0] * 8,
-            "train_max_rss_mb": [800.0] * 8,
-        }
+        return _ran(steps, step_s, history, processes=8)
 
     monkeypatch.setattr(bench_scale, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
@@ -337,16 +333,7 @@ def test_a_run_stopped_for_its_budget_is_planned_again_from_its_first_steps(
                 proc.wait()
             raise bench_scale.BenchScaleError("mpirun ... exited with -9; log x:\n")
         history = [{"train_s": steps * 1.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
-        return {
-            "history": history,
-            "steps": steps,
-            "step_s": 1.0,
-            "steady_step_s": 1.0,
-            "first_step_s": 1.0,
-            "seconds_per_step_breakdown": {},
-            "max_rss_mb": [900.0],
-            "train_max_rss_mb": [800.0],
-        }
+        return _ran(steps, 1.0, history)
 
     monkeypatch.setattr(bench_scale, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
