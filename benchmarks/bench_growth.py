@@ -8,9 +8,10 @@ process(es), in one run:
 ``dgl_scalegnn, 1 process`` / ``, 1x2x2x2`` / ``, <plan grid>``
     ``scalegnn train`` with the preset's 1M config (``yaml/synthetic-1m.yaml``,
     ``yaml/products-like-1m.yaml``) at B = N/100, for a training budget that grows with
-    the graph (:data:`BUDGET_PER_MILLION_S` seconds per million vertices), evaluated
-    once at its end; the grid the cost model prefers for 8 CPU ranks on this host
-    (:func:`plan_grid`) is run too where it is not 1x2x2x2.
+    the graph (:data:`BUDGET_PER_MILLION_S` seconds per million vertices, given as
+    ``train.max_train_s``: one launch, whatever a step costs), evaluated at its end;
+    the grid the cost model prefers for 8 CPU ranks on this host (:func:`plan_grid`) is
+    run too where it is not 1x2x2x2.
     At every size above the smallest, also :data:`TIMING_STEPS` steps at the fixed
     B = :data:`FIXED_BATCH` (step time at fixed B).
 ``GraphSAINT-node``
@@ -441,20 +442,6 @@ def _ours_row(result: Mapping[str, Any], grid: str, batch: int) -> dict[str, Any
     }
 
 
-#: How far a run of ours may miss its training budget before it is run once more at its
-#: own steady step time (the guess from the previous size, or a short timing run, can be
-#: off by 3x on a loaded machine; 8-rank runs take minutes, so only a large miss is redone).
-BUDGET_TOLERANCE = 0.25
-
-
-class BudgetMissed(bench_scale.BenchScaleError):
-    """A run stopped by its :class:`BudgetGuard`; ``step_s``: its projected step."""
-
-    def __init__(self, step_s: float) -> None:
-        super().__init__(f"would miss its training budget at {step_s:.3g} s a step")
-        self.step_s = step_s
-
-
 #: What ``scalegnn train`` says when its ranks cannot hold a layer-wise evaluation. The
 #: runs ask for one (``train.evaluation: layerwise``): where it does not fit, ``auto``
 #: would evaluate in neighbourhoods, which at 10M on 8 ranks of 2 cores takes minutes a
@@ -493,52 +480,6 @@ def evaluate_checkpoint(
         "val_acc": evaluation["val_acc"],
         "test_acc": evaluation["test_acc"],
     }
-
-
-class BudgetGuard:
-    """A :func:`~benchmarks.bench_scale._run` watch that stops a run of ``steps`` steps
-    whose first steps show it will miss its ``budget_s`` training seconds by more than
-    ``tolerance``. It waits for a fifth of the steps (at least ``steady`` after the first)
-    in the run's ``metrics`` file, then projects the run's training as the seconds so far
-    plus the remaining steps at the mean of the later half of those seen: the first steps
-    of a run touch fresh pages of the mapped graph and run slower (a one-process run at
-    3M took 0.22 s a step over its first six, 0.11 s over all). Found so, a miss costs a
-    launch and a fifth of the run; found at the end, it cost the whole run and its
-    evaluation (at 10M on 8 ranks, 4 minutes).
-
-    ``step_s`` is then the projected seconds a step (the first's share included), to plan
-    the run again from.
-    """
-
-    def __init__(
-        self,
-        metrics: Path,
-        steps: int,
-        budget_s: float,
-        tolerance: float = BUDGET_TOLERANCE,
-        steady: int = 5,
-    ) -> None:
-        self.metrics, self.steps, self.budget_s = metrics, steps, budget_s
-        self.tolerance, self.seen_needed = tolerance, 1 + max(steady, steps // 5)
-        self.step_s: float | None = None
-
-    def __call__(self, pid: int) -> None:
-        if self.step_s is not None or not self.metrics.exists():
-            return
-        times = []
-        for line in self.metrics.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):  # the last may be half written
-                record = json.loads(line)
-                if record.get("event") == "step":
-                    times.append(record["step_s"])
-        if len(times) < self.seen_needed or len(times) >= self.steps:
-            return
-        later = times[1 + (len(times) - 1) // 2 :]
-        projected = sum(times) + (self.steps - len(times)) * sum(later) / len(later)
-        if abs(projected - self.budget_s) > self.tolerance * self.budget_s:
-            self.step_s = projected / self.steps
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, 9)  # the run's own session: mpirun and every rank
 
 
 class ThrashGuard:
@@ -601,15 +542,11 @@ BATCH_EXPONENT = 0.75
 def guess_step_s(
     scaled_s: float | None, fixed_step_s: float | None, batch: int, batch_exponent: float
 ) -> float | None:
-    """A step's seconds at ``batch``, for choosing a run's steps: the geometric mean of
-    what is known, ``scaled_s`` (the previous size's step grown with N) and
-    ``fixed_step_s`` (this size's at :data:`FIXED_BATCH`) grown as
-    ``(batch / FIXED_BATCH) ** batch_exponent``; ``None`` where neither is.
-
-    On this host the first alone was off by up to 36% (8 ranks: a step's fixed costs
-    do not grow with N), and the second by up to 70% where the grid was new at its size
-    (its exponent unknown); :class:`BudgetGuard` catches such a miss in the run's first
-    steps.
+    """A step's seconds at ``batch``, for placing a one-process run's first evaluation
+    round near its end: the geometric mean of what is known, ``scaled_s`` (the previous
+    size's step grown with N) and ``fixed_step_s`` (this size's at :data:`FIXED_BATCH`)
+    grown as ``(batch / FIXED_BATCH) ** batch_exponent``; ``None`` where neither is.
+    On one process here it was within 4% of the step measured after.
 
     >>> round(guess_step_s(0.6, 0.2, 30_000, 1.0), 6)
     0.6
@@ -634,6 +571,14 @@ def batch_exponent(step_s: float, fixed_step_s: float | None, batch: int) -> flo
     return math.log(step_s / fixed_step_s) / math.log(batch / FIXED_BATCH)
 
 
+#: ``train.max_steps`` (and ``output.checkpoint_every``) of a run that stops at its budget
+#: of seconds: never reached.
+STEP_CAP = 10**6
+#: Where a one-process run's first evaluation round goes: after this share of the steps
+#: its guessed step time plans (the second round is the one after its last step).
+FIRST_ROUND_SHARE = 0.95
+
+
 def run_ours(
     graph: bench_scale.Graph,
     size: GrowthSize,
@@ -643,51 +588,45 @@ def run_ours(
     exponent: float,
     log_dir: Path,
 ) -> dict[str, Any]:
-    """One dgl_scalegnn run at B = N/100 for about ``budget_s`` training seconds, evaluated
-    at its end; with the step time at the fixed B beside it. Its steps come from
-    :func:`guess_step_s` of ``scaled_s`` (the previous size's step grown with N) and the
-    fixed-B run with batch exponent ``exponent``, else from a timing run at B = N/100.
-    Where ``scalegnn train`` refuses the ranks an
-    evaluation (it cannot fit their memory), the runs train with ``train.evaluate false``
-    and the last one's checkpoint is evaluated on one process
-    (:func:`evaluate_checkpoint`), as a user is told to."""
+    """One dgl_scalegnn run at B = N/100 that trains ``budget_s`` seconds
+    (``train.max_train_s``: it stops at the step that spends them, its cosine rate
+    decayed over them, on any grid), evaluated at its end; with the step time at the
+    fixed B beside it (:data:`TIMING_STEPS` steps).
+
+    On one process it is evaluated twice, since the second round is what a run that
+    evaluates periodically pays (the first one's buffers come from fresh pages) and
+    DGL's forward is timed so: the first round after :data:`FIRST_ROUND_SHARE` of the
+    steps that :func:`guess_step_s` plans (of ``scaled_s``, the previous size's step
+    grown with N, and the fixed-B run with batch exponent ``exponent``; else of a timing
+    run at B = N/100), so that the peak before it is training's. On 8 ranks once: their
+    second rounds (6-40 s, 118 s at 10M on the plan grid) would take 4 of the
+    benchmark's minutes. Where ``scalegnn train`` refuses the ranks an evaluation (it
+    cannot fit their memory), the run trains with ``train.evaluate false`` and its
+    checkpoint is evaluated on one process (:func:`evaluate_checkpoint`), as a user is
+    told to."""
     processes = 1 if grid == "1x1x1x1" else 8
     p = _plan(size, budget_s)
     batch = {"sampling.batch_size": size.batch_size}
     # Set when the ranks are refused a full-graph evaluation (it cannot fit their memory):
-    # every run then trains with train.evaluate false, and the last is evaluated from its
-    # checkpoint on one process.
+    # the run then trains with train.evaluate false, and is evaluated from its checkpoint
+    # on one process.
     elsewhere: dict[str, Any] = {}
 
-    def rounds_at(steps: int) -> list[int]:
-        return [steps - 1, steps] if processes == 1 else [steps]
-
     def train(
-        overrides: Mapping[str, Any], steps: int, timing: bool = False, budget: bool = False
+        overrides: Mapping[str, Any], steps: int | None = None, rounds: Sequence[int] = ()
     ) -> dict[str, Any]:
-        """``steps`` steps; a ``timing`` run is not evaluated (its step time is all it is
-        for: at 10M an evaluation on 8 ranks takes minutes). The others are evaluated:
-        on one process after their last two steps, since the second round is what a run
-        that evaluates periodically pays (the first one's buffers come from fresh pages)
-        and DGL's forward is timed so; on 8 ranks once, after the last step, since their
-        second rounds (6-40 s, 118 s at 10M on the plan grid) would take 4 of the
-        benchmark's minutes. With ``budget``, a run its first steps show to miss the
-        budget is stopped (:class:`BudgetGuard`, raising :class:`BudgetMissed`)."""
+        """A timing run of ``steps`` steps, not evaluated (at 10M an evaluation on 8
+        ranks takes minutes), or (``steps`` None) a run of the budget, evaluated after
+        the steps in ``rounds`` and its last."""
         guard = ThrashGuard()
         launched = len(list(log_dir.glob("ours-*.jsonl")))
         metrics = log_dir / f"ours-{size.name}-{grid}-{launched}.jsonl"
-        missed = BudgetGuard(metrics, steps, budget_s) if budget else None
-        evaluate = not (elsewhere or timing)
+        evaluate = steps is None and not elsewhere
         settings = {
             **overrides,
             **({"train.evaluation": "layerwise"} if evaluate else {"train.evaluate": "false"}),
+            **({"train.max_train_s": budget_s} if steps is None else {}),
         }
-
-        def watch(pid: int) -> None:
-            guard(pid)
-            if missed is not None:
-                missed(pid)
-
         try:
             return bench_scale.run_ours(
                 graph,
@@ -695,31 +634,27 @@ def run_ours(
                 settings,
                 0,
                 processes,
-                steps,
-                rounds_at(steps),
+                steps or STEP_CAP,
+                rounds if evaluate else (),
                 log_dir,
                 grid,
-                watch,
+                guard,
                 metrics,
             )
         except bench_scale.BenchScaleError as error:
             if guard.stopped:
                 error.args = (f"stopped: the host thrashed ({error.args[0]})",)
-            elif missed is not None and missed.step_s is not None:
-                raise BudgetMissed(missed.step_s) from error
             if elsewhere or EVALUATION_REFUSED not in str(error):
                 raise
             why = next(line for line in str(error).splitlines() if EVALUATION_REFUSED in line)
             elsewhere["why"] = why.removeprefix("scalegnn: error: ")
-            return train(overrides, steps, budget=budget)
+            return train(overrides, steps, rounds)
 
     fixed: dict[str, Any] | None = None
     if size.batch_size != FIXED_BATCH:
         try:
             fixed = _ours_row(
-                train({"sampling.batch_size": FIXED_BATCH}, TIMING_STEPS, timing=True),
-                grid,
-                FIXED_BATCH,
+                train({"sampling.batch_size": FIXED_BATCH}, TIMING_STEPS), grid, FIXED_BATCH
             )
         except bench_scale.BenchScaleError as error:  # its steps count, if it took them
             partial = _partial(error)
@@ -727,36 +662,22 @@ def run_ours(
             if "step_s_before_failure" in partial:
                 fixed["step_s"] = partial["step_s_before_failure"]
     checkpoints = log_dir / f"ckpt-{size.name}-{grid}"
-
-    def train_for(step_s: float, budget: bool = True) -> tuple[int, dict[str, Any]]:
-        """A run planned from ``step_s``; with ``budget``, stopped and planned again
-        once from its own first steps if they show it would miss the budget."""
-        steps = max(TIMING_STEPS, round(budget_s / step_s))
-        shutil.rmtree(checkpoints, ignore_errors=True)  # a resume takes the newest
-        kept = {"output.dir": checkpoints, "output.checkpoint_every": steps}
-        try:
-            return steps, train({**batch, **kept}, steps, budget=budget)
-        except BudgetMissed as missed:
-            would = missed.step_s * steps
-            print(
-                f"[{size.name}] {grid} stopped: would train {would:.1f} s of {budget_s:.0f}",
-                flush=True,
-            )
-            return train_for(missed.step_s, budget=False)
-
+    shutil.rmtree(checkpoints, ignore_errors=True)  # a resume takes the newest
     try:
-        fixed_s = None if fixed is None else fixed.get("step_s")
-        step_guess_s = guess_step_s(scaled_s, fixed_s, size.batch_size, exponent)
-        if step_guess_s is None:
-            step_guess_s = train(batch, TIMING_STEPS, timing=True)["steady_step_s"]
-        steps, result = train_for(step_guess_s)
-        trained_s = result["step_s"] * result["steps"]
-        if abs(trained_s - budget_s) > BUDGET_TOLERANCE * budget_s:  # once, at its own pace
-            print(f"[{size.name}] {grid} trained {trained_s:.1f} s of {budget_s:.0f}", flush=True)
-            steps, result = train_for(result["steady_step_s"], budget=False)
-        row = {**_ours_row(result, grid, size.batch_size), "step_guess_s": step_guess_s}
+        guessed: dict[str, Any] = {}
+        rounds: list[int] = []
+        if processes == 1:
+            fixed_s = None if fixed is None else fixed.get("step_s")
+            step_guess_s = guess_step_s(scaled_s, fixed_s, size.batch_size, exponent)
+            if step_guess_s is None:
+                step_guess_s = train(batch, TIMING_STEPS)["steady_step_s"]
+            rounds = [max(1, math.floor(FIRST_ROUND_SHARE * budget_s / step_guess_s))]
+            guessed = {"step_guess_s": step_guess_s}
+        kept = {"output.dir": checkpoints, "output.checkpoint_every": STEP_CAP}
+        result = train({**batch, **kept}, rounds=rounds)
+        row = {**_ours_row(result, grid, size.batch_size), **guessed}
         if elsewhere:
-            evaluated = evaluate_checkpoint(graph, size, checkpoints, steps, log_dir)
+            evaluated = evaluate_checkpoint(graph, size, checkpoints, result["steps"], log_dir)
             row.update(test_acc=evaluated["test_acc"], val_acc=evaluated["val_acc"])
             row["evaluated_elsewhere"] = {**evaluated, "why": elsewhere["why"]}
     except bench_scale.BenchScaleError as error:

@@ -388,12 +388,13 @@ def write(payload: Mapping[str, Any], results_path: Path) -> Path:
         "# How the cost grows with the graph (`make bench-growth`)",
         "",
         f"Training budget {payload['budget_per_million_s']:g} s per million vertices "
-        f"(evaluation excluded), B = N/{payload['batch_fraction']} for dgl_scalegnn and "
+        "(evaluation excluded; dgl_scalegnn stops at it, `train.max_train_s`), "
+        f"B = N/{payload['batch_fraction']} for dgl_scalegnn and "
         f"GraphSAINT, fixed B = {payload['fixed_batch']:,} for the fixed-B step times; run "
         f"time {payload['minutes']:.0f} min on {_cores()} cores. Picture: {png.name}. "
         "Evaluation: the second of two rounds where two ran (dgl_scalegnn on one process, "
-        "after its last two steps; DGL's forward), the first in brackets; dgl_scalegnn on 8 "
-        "ranks and the other peers evaluate once.",
+        "near its end and after its last step; DGL's forward), the first in brackets; "
+        "dgl_scalegnn on 8 ranks and the other peers evaluate once.",
         "",
     ]
     for preset, methods in payload["analysis"].items():

@@ -302,7 +302,10 @@ class TrainConfig:
     degree times in the first layer) or ``auto``: layer-wise where the ranks' memory holds
     it, else neighbourhood, said at start-up with the figures.
     ``progress``: on a terminal, a bar of the steps on stderr (the console's lines print
-    above it).
+    above it). Training stops after ``max_steps`` steps or, with ``max_train_s``, after
+    the step in which the training seconds (evaluations and checkpoints not counted;
+    the slowest rank's) reach that budget; the cosine schedule then decays over the
+    seconds instead of the steps.
     """
 
     epochs: int = 20
@@ -317,6 +320,7 @@ class TrainConfig:
     on_nonfinite: str = "stop"
     progress: bool = True
     max_steps: int | None = None
+    max_train_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -600,6 +604,10 @@ def check_config(cfg: Config) -> None:
         )
     if cfg.train.max_steps is not None:
         positive("train.max_steps", cfg.train.max_steps)
+    if cfg.train.max_train_s is not None and not cfg.train.max_train_s > 0:
+        raise ConfigError(
+            f"train.max_train_s: got {cfg.train.max_train_s}; give the training seconds, e.g. 60"
+        )
     if cfg.train.eval_every_steps is not None:
         positive("train.eval_every_steps", cfg.train.eval_every_steps)
     for step in cfg.train.eval_at_steps:

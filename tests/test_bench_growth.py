@@ -116,7 +116,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
             raise bench_scale.BenchScaleError(f"mpirun ... exited with 2; log x:\n{refusal}")
         return {
             "history": [],
-            "steps": steps,
+            "steps": 40 if "train.max_train_s" in settings else steps,  # stopped at 20 s
             "step_s": 0.5,
             "steady_step_s": 0.5,
             "first_step_s": 0.9,
@@ -148,10 +148,12 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     # the timing run at the fixed B is never evaluated; the budget run is, until refused
     assert [c.get("train.evaluate") for c in calls] == ["false", None, "false"]
     assert calls[1]["train.evaluation"] == "layerwise"  # never minutes in neighbourhoods
-    assert rounds[1:] == [[40], [40]]  # 8 ranks: one round, after the last step
+    assert [c.get("train.max_train_s") for c in calls] == [None, 20.0, 20.0]
+    assert rounds == [[], [], []]  # 8 ranks: one round, the one after the last step
     assert calls[0]["sampling.batch_size"] == bench_growth.FIXED_BATCH
     assert calls[-1]["output.dir"] == tmp_path / "ckpt-sparse-10000000-1x2x2x2"
-    assert calls[-1]["output.checkpoint_every"] == 40 and row["steps"] == 40
+    assert calls[-1]["output.checkpoint_every"] == bench_growth.STEP_CAP  # only at the end
+    assert row["steps"] == 40
     assert row["test_acc"] == 0.81 and row["train_max_rss_mb"] == [1900.0] * 8
     assert row["evaluated_elsewhere"]["why"].startswith("parallel.grid 1x2x2x2: a layer-wise")
     table = "\n".join(growth_report._run_table([{**row, "size": size.name, "method": "ours"}]))
@@ -214,132 +216,72 @@ def _ran(steps: int, step_s: float, history: list, processes: int = 1) -> dict:
     }
 
 
-def test_a_run_that_misses_its_budget_by_a_quarter_is_run_again_at_its_own_pace(
-    monkeypatch, tmp_path
-) -> None:
-    """The guess says 0.5 s a step, the run takes 1.0 s: 40 steps would be 40 s of a 20 s
-    budget, so it is run again with 20 steps (runs faked). Each is evaluated after its
-    last two steps; the row's round is the second, the first kept beside it."""
-    steps_run, evaluated_at = [], []
+def test_one_process_trains_its_budget_in_one_launch_evaluated_twice(monkeypatch, tmp_path) -> None:
+    """One launch of ``train.max_train_s`` 20 s (runs faked), whatever its steps cost:
+    the guess of 0.5 s a step plans 40 steps, so the first round goes after 38 of them
+    and the second after the last. The row's round is the second, the first beside it."""
+    launches = []
 
     def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
-        steps_run.append(steps)
-        evaluated_at.append(list(at))
-        history = [
-            {"train_s": steps - 1.0, "eval_s": 2.5, "val_acc": 0.8, "test_acc": 0.8},
-            {"train_s": steps * 1.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8},
+        launches.append((dict(settings), steps, list(at)))
+        history = [  # it took 1 s a step: 20 steps, the first round after step 38 not run
+            {"train_s": 19.0, "eval_s": 2.5, "val_acc": 0.8, "test_acc": 0.8},
+            {"train_s": 20.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8},
         ]
-        return _ran(steps, 1.0, history)
+        return _ran(20, 1.0, history)
 
     monkeypatch.setattr(bench_scale, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
     size = bench_growth.GrowthSize("sparse", 1_000_000)  # B = 10,000: no fixed-B run
     row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, 0.85, tmp_path)
-    assert steps_run == [40, 20] and row["steps"] == 20 and row["train_s"] == 20.0
-    assert evaluated_at == [[39, 40], [19, 20]]
+    ((settings, steps, at),) = launches
+    assert settings["train.max_train_s"] == 20.0 and steps == bench_growth.STEP_CAP
+    assert at == [38] and row["step_guess_s"] == 0.5
+    assert row["steps"] == 20 and row["train_s"] == 20.0
     assert row["eval_s"] == 1.0 and row["first_eval_s"] == 2.5
     table = growth_report._run_table([{**row, "size": size.name, "method": "ours"}])
     assert "| 1 (first 2.5) |" in table[-1]
 
 
-def test_a_grid_new_at_its_size_takes_its_steps_from_the_fixed_batch_run(
-    monkeypatch, tmp_path
-) -> None:
-    """No smaller size ran the grid: the fixed-B run (0.5 s a step at B = 10k) grown to
-    B = 30k as B^1 gives 1.5 s, so a 30 s budget is 20 steps, with no timing run at
-    B = N/100 in between (runs faked). With the previous size's step too, the guess is the
-    geometric mean of both."""
-    batches, steps_run = [], []
+def test_one_process_without_a_guess_times_its_batch_first(monkeypatch, tmp_path) -> None:
+    """No smaller size and no fixed-B run: 8 timing steps at B = N/100, not evaluated,
+    place the first round (0.25 s a step: 80 steps of 20 s, the round after 76)."""
+    launches = []
 
     def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
-        batches.append(settings["sampling.batch_size"])
-        steps_run.append(steps)
+        launches.append((settings.get("train.evaluate"), steps, list(at)))
+        history = [{"train_s": 20.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
+        return _ran(80 if steps == bench_growth.STEP_CAP else steps, 0.25, history)
+
+    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
+    size = bench_growth.GrowthSize("sparse", 1_000_000)
+    bench_growth.run_ours(None, size, "1x1x1x1", 20.0, None, 0.85, tmp_path)
+    assert launches == [("false", 8, []), (None, bench_growth.STEP_CAP, [76])]
+
+
+def test_eight_ranks_time_the_fixed_batch_then_train_the_budget_once(monkeypatch, tmp_path) -> None:
+    """At 3M on 4x2x1x1: 8 steps at the fixed B = 10k, then one launch of the budget,
+    evaluated only after its last step, with no guess of its steps (runs faked). The
+    guess that places one process's first round is the geometric mean of the previous
+    size's step and the fixed-B run's, grown as B^exponent."""
+    launches = []
+
+    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
+        launches.append((settings["sampling.batch_size"], steps, list(at)))
         step_s = 0.5 if settings["sampling.batch_size"] == bench_growth.FIXED_BATCH else 1.5
-        history = [{"train_s": steps * step_s, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
-        return _ran(steps, step_s, history, processes=8)
+        history = [{"train_s": 30.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
+        return _ran(20 if steps == bench_growth.STEP_CAP else steps, step_s, history, 8)
 
     monkeypatch.setattr(bench_scale, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
     size = bench_growth.GrowthSize("sparse", 3_000_000)
     row = bench_growth.run_ours(None, size, "4x2x1x1", 30.0, None, 1.0, tmp_path)
-    assert batches == [bench_growth.FIXED_BATCH, 30_000] and steps_run == [8, 20]
-    assert row["step_guess_s"] == 1.5 and row["fixed_batch"]["step_s"] == 0.5
+    assert launches == [(bench_growth.FIXED_BATCH, 8, []), (30_000, bench_growth.STEP_CAP, [])]
+    assert "step_guess_s" not in row and row["fixed_batch"]["step_s"] == 0.5
+    assert row["steps"] == 20 and row["train_s"] == 30.0
     assert bench_growth.batch_exponent(row["step_s"], 0.5, size.batch_size) == 1.0
     assert bench_growth.guess_step_s(6.0, 0.5, 30_000, 1.0) == 3.0
-
-
-def _step_events(metrics, times) -> None:
-    with open(metrics, "a") as out:
-        for step, seconds in enumerate(times):
-            out.write(json.dumps({"event": "step", "step": step, "step_s": seconds}) + "\n")
-
-
-def test_budget_guard_stops_a_run_its_first_steps_show_will_miss_and_spares_others(
-    tmp_path,
-) -> None:
-    """A real process in its own session, watched with its metrics file: 40 steps planned
-    for 20 s, at 1 s a step after a 2 s first step, project 41 s and stop it; at 0.5 s a
-    step (21.5 s) it runs on. A fifth of the steps is needed (8 after the first), the
-    later half of them sets the pace (slow warm-up steps alone do not stop a run), and a
-    half-written line is skipped."""
-    import subprocess
-
-    def watched(times: list[float], suffix: str) -> tuple[bench_growth.BudgetGuard, int | None]:
-        metrics = tmp_path / f"run-{suffix}.jsonl"
-        proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
-        try:
-            guard = bench_growth.BudgetGuard(metrics, steps=40, budget_s=20.0)
-            guard(proc.pid)  # no file yet
-            _step_events(metrics, times[:8])
-            guard(proc.pid)  # seven steps after the first: too few to tell
-            _step_events(metrics, times[8:])
-            with open(metrics, "a") as out:
-                out.write('{"event": "step", "st')
-            guard(proc.pid)
-            return guard, proc.wait(timeout=5) if guard.step_s is not None else proc.poll()
-        finally:
-            proc.kill()
-            proc.wait()
-
-    guard, code = watched([2.0] + [1.0] * 8, "slow")
-    assert code == -9 and guard.step_s == pytest.approx(41.0 / 40)
-    guard, code = watched([2.0] + [0.5] * 8, "on-budget")
-    assert code is None and guard.step_s is None
-    # 20.45 s projected; the first six steps' mean would have projected 26.6 s
-    guard, code = watched([2.0, 1.0, 0.8] + [0.45] * 6, "warming up")
-    assert code is None and guard.step_s is None
-
-
-def test_a_run_stopped_for_its_budget_is_planned_again_from_its_first_steps(
-    monkeypatch, tmp_path
-) -> None:
-    """The guess says 0.5 s a step (40 steps of a 20 s budget); the run's first steps take
-    1 s: the guard stops it and the run is planned again from their projection, 41 s over
-    40 steps (20 steps), and kept (runs faked; the first is a real process, killed)."""
-    import subprocess
-
-    launches = []
-
-    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
-        launches.append(steps)
-        if len(launches) == 1:
-            proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
-            try:
-                _step_events(metrics, [2.0] + [1.0] * 8)
-                watch(proc.pid)
-                assert proc.wait(timeout=5) == -9
-            finally:
-                proc.kill()
-                proc.wait()
-            raise bench_scale.BenchScaleError("mpirun ... exited with -9; log x:\n")
-        history = [{"train_s": steps * 1.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
-        return _ran(steps, 1.0, history)
-
-    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
-    monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
-    size = bench_growth.GrowthSize("sparse", 1_000_000)  # B = 10,000: no fixed-B run
-    row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, 0.75, tmp_path)
-    assert launches == [40, 20] and row["steps"] == 20 and row["train_s"] == 20.0
 
 
 def test_a_partition_predicted_not_to_fit_is_not_started_and_its_row_says_so(

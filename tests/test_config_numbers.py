@@ -71,6 +71,7 @@ def test_the_float_keys_are_found():
         "model.rms_eps": 1e-6,
         "model.gin_eps": 0.0,
         "train.target_acc": None,
+        "train.max_train_s": None,
         "parallel.timeout_s": 300.0,
         "parallel.watchdog_s": 15.0,
         "optim.lr": 0.01,

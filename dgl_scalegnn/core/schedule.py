@@ -157,27 +157,38 @@ def steps_per_epoch(num_nodes: int, batch_size: int, dp_size: int) -> int:
 
 
 def learning_rate(
-    base: float, step: int, total_steps: int, schedule: str = "constant", warmup_steps: int = 0
+    base: float,
+    step: int,
+    total_steps: int,
+    schedule: str = "constant",
+    warmup_steps: int = 0,
+    done: float | None = None,
 ) -> float:
     """The learning rate of global step ``step`` (0-based) of a run of ``total_steps``.
 
     .. math::
 
         \\eta_t = \\eta \\cdot \\min\\big(1, \\tfrac{t+1}{w}\\big) \\cdot
-                  \\tfrac{1}{2}\\big(1 + \\cos(\\pi\\, t / T)\\big)
+                  \\tfrac{1}{2}\\big(1 + \\cos(\\pi\\, f)\\big)
 
     with warm-up ``w`` (no warm-up factor when 0) and the cosine factor only for
-    ``schedule == "cosine"``. A pure function of the step, so a resumed run (on any
-    grid) continues on the same curve.
+    ``schedule == "cosine"``, where ``f`` is the share of the run done: ``done`` (a run
+    with a budget of training seconds gives the share of them spent), by default
+    ``t / T``. A pure function of the step and the seconds trained, both checkpointed, so
+    a resumed run (on any grid) continues on the same curve.
 
     >>> [round(learning_rate(0.01, t, 4, "cosine"), 5) for t in range(4)]
     [0.01, 0.00854, 0.005, 0.00146]
     >>> learning_rate(0.01, 0, 100, warmup_steps=4)
     0.0025
+    >>> round(learning_rate(0.01, 3, 100, "cosine", done=0.5), 5)
+    0.005
     """
     rate = base
     if warmup_steps > 0:
         rate *= min(1.0, (step + 1) / warmup_steps)
     if schedule == "cosine":
-        rate *= 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / max(1, total_steps)))
+        if done is None:
+            done = step / max(1, total_steps)
+        rate *= 0.5 * (1.0 + math.cos(math.pi * min(1.0, done)))
     return rate

@@ -136,10 +136,13 @@ class Console:
             f"val {_count(splits['val'])}, test {_count(splits['test'])}"
         )
         share = record["batch_size"] / record["num_nodes"]
+        steps = f"{_count(record['total_steps'])} steps in all"
+        if record.get("max_train_s") is not None:
+            steps = f"at most {steps} or {record['max_train_s']:g} s of training"
         self._say(
             f"  batch    {_count(record['batch_size'])} vertices ({share:.0%} of the graph), "
-            f"{record['steps_per_epoch']} steps an epoch, {_count(record['total_steps'])} "
-            f"steps in all; evaluation {record['evaluation']}"
+            f"{record['steps_per_epoch']} steps an epoch, {steps}; evaluation "
+            f"{record['evaluation']}"
         )
         checkpoints = record["checkpoints"] or "none (output.dir is not set)"
         self._say(

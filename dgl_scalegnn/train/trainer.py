@@ -198,7 +198,8 @@ class Trainer:
         self.steps_per_epoch = steps_per_epoch(
             meta.num_nodes, cfg.sampling.batch_size, self.grid.shape.dp
         )
-        #: The run's planned steps (the learning-rate schedule's horizon).
+        #: The run's planned steps (the learning-rate schedule's horizon, unless
+        #: ``train.max_train_s`` sets it in seconds).
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
         self.progress = _Progress()
         self._prefetcher: Prefetcher[RankBatch] | None = None
@@ -212,6 +213,9 @@ class Trainer:
         self._on_disk: tuple[int, Path] | None = None
         if cfg.output.resume:
             self._resume()
+        #: The training seconds the ranks agreed on in their last step (the slowest
+        #: rank's): what ``train.max_train_s`` and its cosine schedule read.
+        self.agreed_train_s = self.progress.train_seconds
 
     # --------------------------------------------------------------- checkpoints
     def _resume(self) -> None:
@@ -277,15 +281,18 @@ class Trainer:
             vertices = self.sampler.draw(global_step)  # on the CPU: see RankStore.batch
             return self.store.batch(vertices, global_step, self.sampler.scaling())
 
-    def train_step(self, batch: RankBatch) -> float:
+    def train_step(self, batch: RankBatch, started: float | None = None) -> float:
         """Forward, backward, DP average, the ranks' agreement and one optimizer step;
         returns the mean loss.
 
-        The agreement is one all-reduce (maximum) over every rank of two flags: a
+        The agreement is one all-reduce (maximum) over every rank of three values: a
         non-finite loss or gradient anywhere (every rank then skips the step, or stops
-        with :class:`NonFiniteError`, by ``train.on_nonfinite``) and a signal's request
-        (:mod:`~dgl_scalegnn.train.preemption`, acted on at the end of the step). The
-        step reads the device once (loss and flags together).
+        with :class:`NonFiniteError`, by ``train.on_nonfinite``), a signal's request
+        (:mod:`~dgl_scalegnn.train.preemption`, acted on at the end of the step) and the
+        training seconds with this step's so far (it began at ``started``, a
+        ``time.perf_counter()``), so that every rank stops at the same step of a
+        ``train.max_train_s`` budget and sets the same rate. The step reads the device
+        once (loss and agreement together).
         """
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -293,8 +300,12 @@ class Trainer:
         loss = self.objective.loss(logits, spec, batch, "train")
         loss.backward()
         status = average_gradients(list(self.model.parameters()), loss, self.runtime)
-        flags = torch.stack((status[1], status.new_full((), float(self.requests.take()))))
-        mean_loss, nonfinite, request = torch.cat(
+        spent = self.progress.train_seconds
+        if started is not None:
+            spent += time.perf_counter() - started
+        asked = float(self.requests.take())
+        flags = torch.stack((status[1], status.new_full((), asked), status.new_full((), spent)))
+        mean_loss, nonfinite, request, self.agreed_train_s = torch.cat(
             (status[:1], reduce_over_world(flags, dist.ReduceOp.MAX))
         ).tolist()
         self._request = Request(int(request))
@@ -302,8 +313,14 @@ class Trainer:
             self._on_nonfinite(batch.step)
             return mean_loss
         optim = self.cfg.optim
+        budget_s = self.cfg.train.max_train_s
         lr = learning_rate(
-            optim.lr, batch.step, self.total_steps, optim.lr_schedule, optim.warmup_steps
+            optim.lr,
+            batch.step,
+            self.total_steps,
+            optim.lr_schedule,
+            optim.warmup_steps,
+            done=None if budget_s is None else self.agreed_train_s / budget_s,
         )
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -446,8 +463,8 @@ class Trainer:
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
-        """Train until the target accuracy, the last epoch, ``max_steps`` or a stop signal;
-        returns the summary."""
+        """Train until the target accuracy, the last epoch, ``max_steps``, ``max_train_s``
+        or a stop signal; returns the summary."""
         cfg, progress = self.cfg, self.progress
         self._announce()
         reached = False
@@ -460,7 +477,7 @@ class Trainer:
             with self.requests.installed():
                 while progress.epoch < cfg.train.epochs and not reached:
                     reached = self._run_epoch()
-                    if self._max_steps_done():
+                    if self._budget_spent():
                         break
                 if cfg.train.evaluate and progress.evaluated_step != progress.global_step:
                     self._evaluate_and_record()  # the last step is always evaluated
@@ -520,15 +537,19 @@ class Trainer:
         instead of epochs."""
         return bool(self.cfg.train.eval_every_steps or self.cfg.train.eval_at_steps)
 
-    def _max_steps_done(self) -> bool:
-        limit = self.cfg.train.max_steps
-        return limit is not None and self.progress.global_step >= limit
+    def _budget_spent(self) -> bool:
+        """Whether ``train.max_steps`` steps have run, or the ranks have agreed that
+        ``train.max_train_s`` training seconds have."""
+        train = self.cfg.train
+        steps_spent = train.max_steps is not None and self.progress.global_step >= train.max_steps
+        seconds = train.max_train_s
+        return steps_spent or (seconds is not None and self.agreed_train_s >= seconds)
 
     def _run_epoch(self) -> bool:
-        """Train the rest of the current epoch (or up to ``max_steps``); returns whether
-        the target was reached."""
+        """Train the rest of the current epoch (or until ``max_steps`` or ``max_train_s``);
+        returns whether the target was reached."""
         progress = self.progress
-        while not self._max_steps_done():
+        while not self._budget_spent():
             self._train_one_step()
             epoch_ended = progress.step_in_epoch >= self.steps_per_epoch
             if epoch_ended:
@@ -547,7 +568,7 @@ class Trainer:
         start = time.perf_counter()
         batch = self._batch(progress.global_step)
         sample_seconds = time.perf_counter() - start
-        loss = self.train_step(batch)
+        loss = self.train_step(batch, start)
         self.heap_bound.after_step()
         step_seconds = time.perf_counter() - start
         progress.train_seconds += step_seconds
@@ -680,6 +701,7 @@ class Trainer:
             batch_size=cfg.sampling.batch_size,
             steps_per_epoch=self.steps_per_epoch,
             total_steps=self.total_steps,
+            max_train_s=cfg.train.max_train_s,
             first_step=self.progress.global_step,
             evaluation=f"{evaluation}, and after the last step",
             metrics=None if self.metrics.path is None else str(self.metrics.path),
