@@ -7,7 +7,7 @@ NP ?= 4
 GRID ?= 1x1x2x2
 CONFIG ?= yaml/synthetic.yaml
 
-.PHONY: install test test-gpu gpu-check run lint bench bench-scale bench-growth bench-real bench-real-layers clean
+.PHONY: install test test-gpu gpu-check run lint bench bench-scale bench-growth bench-eval bench-real bench-real-layers clean
 
 # torch first, pinned. On Linux PyPI's torch==2.13.0 is the CUDA 13 build (GBs, driver
 # >= 580: docs/gpu.md); pip takes a CPU build (2.13.0+cpu) where its find-links or index
@@ -71,6 +71,13 @@ bench-scale:
 # SCALEGNN_BENCH_GROWTH_SIZES, _BUDGET, _WORK and _METHODS: benchmarks/bench_growth.py.
 bench-growth:
 	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_growth
+
+# Full-graph evaluation against DGL's full-graph forward on the same graph: our engine on
+# the forward's own model (two SAGE-mean layers) and on the preset's, each in its own
+# process with its peak memory (benchmarks/results/bench_eval.md; sparse 1M and 3M,
+# products-like 1M; SCALEGNN_BENCH_EVAL_SIZES, _WORK: benchmarks/bench_eval.py).
+bench-eval:
+	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_eval
 
 # Every real graph of benchmarks/data/real: our defaults and the paper's model against DGL's
 # GraphConv and SAGEConv recipes and GraphSAINT-node, 10 seeds (benchmarks/results/bench_real.md).

@@ -1,143 +1,207 @@
-"""Full-graph evaluation: our layer-wise forward in row chunks against DGL's layer-wise inference.
+"""``make bench-eval``: full-graph evaluation against DGL's plain full-graph forward, on
+the forward's own model and on ours.
 
-Same process, graph and threads for all. Per evaluation round, in seconds:
+DGL's forward (two ``SAGEConv`` mean calls over the whole graph, hidden 128: what a
+user with enough memory runs to evaluate; :func:`benchmarks.bench_growth.forward_main`)
+is set beside, each in its own process on one core pair, timed twice with its peak
+resident memory (imports included):
 
-- ``ours``: :meth:`Trainer.evaluate` of the GCN stack (input projection, ``layers`` GCN
-  layers of width ``hidden``, head), first round and later rounds;
-- ``ours_whole_batch``: the evaluation it replaced, the training forward on a whole-graph
-  batch (:func:`~dgl_scalegnn.sampling.blocks.full_block` and a torch CSR with its
-  transpose), built once as it was cached;
-- ``dgl_graphconv``: ``layers`` ``dgl.nn.GraphConv`` layers (``in -> hidden -> ... ->
-  classes``) weighted by the normalised adjacency, layer by layer over all vertices with
-  their full neighbourhoods (``NeighborSampler([-1])``, 4096 output vertices a batch);
-- ``dgl_graphsage``: the GraphSAGE peer's :func:`layerwise_inference` (mean aggregator,
-  full neighbourhoods, last layer for the validation and test vertices only).
+``dgl_scalegnn, the forward's model``
+    our layer-wise evaluation in row chunks of the same model (:data:`FORWARD_MODEL`:
+    ``model.conv sage``, two layers, hidden 128, biases; no input projection, norm,
+    residual or head), untrained weights, one process. It separates the engine from the
+    model: ``make bench-growth`` compares the forward with our preset's model, which does
+    about twice its arithmetic;
+``dgl_scalegnn, preset model``
+    the same evaluation of the preset's model (``yaml/synthetic-1m.yaml``,
+    ``yaml/products-like-1m.yaml``), as ``make bench-growth`` runs it.
 
-Usage: ``python -m benchmarks.bench_eval [PREPARED_DIR]`` (default: a synthetic graph of
-200k vertices, 1M with ``SCALEGNN_BENCH_QUICK=0``).
+The second round is reported (the first one's buffers come from fresh pages), for every
+method alike. Graphs: the presets of :mod:`benchmarks.scale_presets`, generated and
+prepared once as ``make bench-growth`` does (:func:`benchmarks.bench_growth.setup_graph`).
+
+Environment: ``SCALEGNN_BENCH_EVAL_SIZES`` (``preset=N,N;preset=N``, default
+``sparse=1000000,3000000;products-like=1000000``), ``SCALEGNN_BENCH_EVAL_WORK`` (where
+graphs go; kept and reused). Outputs: ``benchmarks/results/bench_eval.json`` and
+``bench_eval.md``.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
+import json
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-import numpy as np
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch starts its threads
 
-from benchmarks.baselines.graphsage import SAGE, layerwise_inference
-from benchmarks.common import prepared_dgl_graph, quick_mode, write_results
-from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import SyntheticConfig, config_from_mapping
-from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory
-from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.parallel.spmm import build_local_spmm
-from dgl_scalegnn.sampling.batch import RankBatch
-from dgl_scalegnn.sampling.blocks import full_block
-from dgl_scalegnn.train.metrics import MetricsWriter
-from dgl_scalegnn.train.trainer import Trainer
+from benchmarks import bench_growth, bench_scale
+from benchmarks.baselines import training
+from benchmarks.common import RESULTS, write_results
 
-HIDDEN, LAYERS, ROUNDS, EVAL_BATCH = 128, 2, 3, 4096
+__all__ = ["FORWARD_MODEL", "main"]
 
-
-class GraphConvStack(torch.nn.Module):
-    """``GraphConv`` layers on the edge weights ``w`` (ReLU between), for layer-wise use."""
-
-    def __init__(self, widths: list[int]) -> None:
-        super().__init__()
-        self.convs = torch.nn.ModuleList(
-            dgl.nn.GraphConv(a, b, norm="none", allow_zero_in_degree=True)
-            for a, b in itertools.pairwise(widths)
-        )
-        self.widths = widths
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.convs)
-
-    def layer_width(self, index: int) -> int:
-        return self.widths[index + 1]
-
-    def layer(self, index: int, block: dgl.DGLGraph, h: torch.Tensor) -> torch.Tensor:
-        h = self.convs[index](block, h, edge_weight=block.edata["w"])
-        return torch.relu(h) if index < self.num_layers - 1 else h
+DEFAULT_SIZES = "sparse=1000000,3000000;products-like=1000000"
+#: DGL's forward as our model: ``SAGEConv(in, 128, 'mean')``, ReLU, ``SAGEConv(128,
+#: classes, 'mean')``, both with their bias.
+FORWARD_MODEL = {
+    "model.conv": "sage",
+    "model.layers": 2,
+    "model.hidden": 128,
+    "model.input_projection": "false",
+    "model.head": "false",
+    "model.norm": "false",
+    "model.residual": "false",
+    "model.final_norm": "false",
+    "model.bias": "true",
+    "model.dropout": 0,
+}
+ROUNDS = 2
+METHODS = (
+    "DGL full-graph forward",
+    "dgl_scalegnn, the forward's model",
+    "dgl_scalegnn, preset model",
+)
 
 
-def _rounds(evaluate: Callable[[], object], rounds: int) -> list[float]:
-    seconds = []
-    for _ in range(rounds):
+def ours_main(spec_path: str) -> int:
+    """Inside a child: our engine's evaluation of the spec's model on one process, timed
+    :data:`ROUNDS` times; the result beside the spec."""
+    from dgl_scalegnn.config import load_config
+    from dgl_scalegnn.data.prepared import open_prepared
+    from dgl_scalegnn.distributed.comm import Runtime
+    from dgl_scalegnn.train.metrics import MetricsWriter
+    from dgl_scalegnn.train.trainer import Trainer, peak_rss_mb
+
+    spec = json.loads(Path(spec_path).read_text())
+    settings = {
+        **spec["model"],
+        "data.prepared": spec["prepared"],
+        "sampling.batch_size": spec["batch_size"],  # the trainer's; no step runs
+        "train.evaluation": "layerwise",
+    }
+    cfg = load_config(spec["config"], [f"{key}={value}" for key, value in settings.items()])
+    graph = open_prepared(cfg.data.prepared)
+    trainer = Trainer(cfg, graph, Runtime.single_process(), MetricsWriter(None, enabled=False))
+    loaded_mb = peak_rss_mb()
+    rounds = []
+    for _ in range(ROUNDS):
         start = time.perf_counter()
-        evaluate()
-        seconds.append(time.perf_counter() - start)
-    return seconds
+        trainer.evaluate()
+        rounds.append(time.perf_counter() - start)
+    result = {"eval_s_rounds": rounds, "loaded_mb": loaded_mb, "max_rss_mb": [peak_rss_mb()]}
+    Path(spec["result_path"]).write_text(json.dumps(result))
+    return 0
 
 
-def main() -> dict:
-    if len(sys.argv) > 1:
-        prepared = open_prepared(sys.argv[1])
-    else:
-        num_nodes = 200_000 if quick_mode() else 1_000_000
-        prepared = prepare_in_memory(generate(SyntheticConfig(num_nodes=num_nodes)), 0)
-    meta = prepared.meta
-    cfg = config_from_mapping(
-        {
-            "model": {"hidden": HIDDEN, "layers": LAYERS, "norm": False, "residual": False},
-            "train": {"progress": False},
-        }
-    )
-    trainer = Trainer(cfg, prepared, Runtime.single_process(), MetricsWriter(None, enabled=False))
-    results = {"ours": _rounds(trainer.evaluate, ROUNDS)}
+def run_ours(
+    graph: bench_scale.Graph, model: Mapping[str, Any], tag: str, log_dir: Path
+) -> dict[str, Any]:
+    """:func:`ours_main` of ``model`` (config overrides; none: the preset's) on ``graph``
+    in a child process."""
+    spec_path = log_dir / f"{tag}.json"
+    result_path = log_dir / f"{tag}.result.json"
+    spec = {
+        "config": str(bench_growth.ROOT / graph.config_file),
+        "prepared": str(graph.prepared),
+        "model": dict(model),
+        "batch_size": max(1, graph.num_nodes // bench_growth.BATCH_FRACTION),
+        "result_path": str(result_path),
+    }
+    spec_path.write_text(json.dumps(spec))
+    argv = [sys.executable, "-m", "benchmarks.bench_eval", "ours", str(spec_path)]
+    bench_scale._run(argv, log_dir / f"{tag}.log", training.machine_cores(), 3600)
+    result = json.loads(result_path.read_text())
+    return {"eval_s": min(result["eval_s_rounds"]), **result}
 
-    def whole_batch_evaluation(batch: RankBatch) -> None:
-        trainer.model.eval()
-        with torch.no_grad():
-            logits, spec = trainer.model(batch)
-            trainer.objective.counts(logits, spec, batch)
 
-    graph = trainer.store.full_graph()
-    start = time.perf_counter()
-    batch = RankBatch(
-        step=-1,
-        rows=graph.rows,
-        adjacency={p: build_local_spmm(full_block(b)) for p, b in graph.blocks.items()},
-        features=graph.features,
-        labels=graph.labels,
-        masks=graph.masks,
-    )
-    build = time.perf_counter() - start
-    results["ours_whole_batch"] = _rounds(lambda b=batch: whole_batch_evaluation(b), ROUNDS)
-    results["ours_whole_batch"][0] += build
-    del batch, graph  # before the DGL graph: the process holds one copy at a time
+def run_method(
+    method: str, graph: bench_scale.Graph, size: bench_growth.GrowthSize, log_dir: Path
+) -> dict[str, Any]:
+    """One of :data:`METHODS` on ``graph``, in its own process."""
+    if method == METHODS[0]:
+        return bench_growth.run_forward(graph, size, log_dir)
+    if method == METHODS[1]:
+        return run_ours(graph, FORWARD_MODEL, f"sage-{size.name}", log_dir)
+    return run_ours(graph, {}, f"preset-{size.name}", log_dir)
 
-    dgl_graph = prepared_dgl_graph(prepared)
-    features = torch.from_numpy(np.asarray(prepared.features))
-    all_ids = torch.arange(meta.num_nodes)
-    evaluated = torch.from_numpy(np.flatnonzero(prepared.val_mask | prepared.test_mask))
-    widths = [meta.num_features] + [HIDDEN] * (LAYERS - 1) + [meta.num_classes]
-    with torch.no_grad():
-        gcn = GraphConvStack(widths).eval()
-        results["dgl_graphconv"] = _rounds(
-            lambda: layerwise_inference(gcn, dgl_graph, features, all_ids, -1, EVAL_BATCH),
-            ROUNDS,
-        )
-        sage = SAGE(meta.num_features, HIDDEN, meta.num_classes, LAYERS, 0.0).eval()
-        results["dgl_graphsage"] = _rounds(
-            lambda: layerwise_inference(sage, dgl_graph, features, evaluated, -1, EVAL_BATCH),
-            ROUNDS,
-        )
-    print(
-        f"{meta.name}: {meta.num_nodes} vertices, {meta.nnz} entries, hidden {HIDDEN}, "
-        f"{LAYERS} layers, {torch.get_num_threads()} threads; seconds per evaluation round"
-    )
-    for name, seconds in results.items():
-        print(f"  {name:18s} " + "  ".join(f"{s:6.2f}" for s in seconds), flush=True)
-    payload = {"num_nodes": meta.num_nodes, "hidden": HIDDEN, "layers": LAYERS, **results}
-    write_results("eval", payload)
+
+def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The markdown table of ``rows``, each method against DGL's forward at its size.
+
+    >>> rows = [
+    ...     {"size": "sparse-1000000", "method": METHODS[0], "eval_s": 0.7,
+    ...      "eval_s_rounds": [0.8, 0.7], "max_rss_mb": [2700.0]},
+    ...     {"size": "sparse-1000000", "method": METHODS[1], "eval_s": 0.35,
+    ...      "eval_s_rounds": [0.4, 0.35], "max_rss_mb": [1080.0]},
+    ... ]
+    >>> print("\\n".join(table(rows)[2:]))
+    | sparse-1000000 | DGL full-graph forward | 0.80, 0.70 | 2,700 | 1.00x | 1.00x |
+    | sparse-1000000 | dgl_scalegnn, the forward's model | 0.40, 0.35 | 1,080 | 0.50x | 0.40x |
+    """
+    lines = [
+        "| graph | method | s per round (first, second) | peak MB | time / forward's "
+        "| memory / forward's |",
+        "|---|---|---|---|---|---|",
+    ]
+    forward = {r["size"]: r for r in rows if r["method"] == METHODS[0] and "error" not in r}
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['size']} | {row['method']} | failed: {row['error'][-120:]} |||")
+            continue
+        peak = max(row["max_rss_mb"])
+        rounds = ", ".join(f"{s:.2f}" for s in row["eval_s_rounds"])
+        ratios = "| |"
+        if (base := forward.get(row["size"])) is not None:
+            time_ratio = row["eval_s"] / base["eval_s"]
+            memory_ratio = peak / max(base["max_rss_mb"])
+            ratios = f"| {time_ratio:.2f}x | {memory_ratio:.2f}x |"
+        lines.append(f"| {row['size']} | {row['method']} | {rounds} | {peak:,.0f} {ratios}")
+    return lines
+
+
+def main() -> dict[str, Any]:
+    """Every size, every method; write the JSON and the markdown."""
+    sizes = bench_growth.growth_sizes(os.environ.get("SCALEGNN_BENCH_EVAL_SIZES", DEFAULT_SIZES))
+    rows = []
+    given = os.environ.get("SCALEGNN_BENCH_EVAL_WORK")
+    with contextlib.ExitStack() as stack:
+        work = Path(given) if given else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        log_dir = work / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        for size in sizes:
+            print(f"[{size.name}] preparing", flush=True)
+            graph, _ = bench_growth.setup_graph(size, work, [METHODS[0]])
+            for method in METHODS:
+                try:
+                    row = run_method(method, graph, size, log_dir)
+                except (bench_scale.BenchScaleError, OSError) as error:
+                    row = {"error": str(error)[-1500:]}
+                rows.append({"size": size.name, "method": method, **row})
+                print(f"[{size.name}] {method}: {row.get('eval_s_rounds', row.get('error'))}")
+    payload = {"sizes": [s.name for s in sizes], "forward_model": FORWARD_MODEL, "rows": rows}
+    path = write_results("bench_eval", payload)
+    text = [
+        "# Full-graph evaluation against DGL's full-graph forward (`make bench-eval`)",
+        "",
+        "One process each, 2 cores; peak resident memory with imports. The forward's "
+        "model: two SAGE-mean layers, hidden 128, biases. The ratios take the second "
+        "round of each.",
+        "",
+        *table(rows),
+        "",
+    ]
+    (RESULTS / "bench_eval.md").write_text("\n".join(text))
+    print(f"wrote {path} and bench_eval.md", flush=True)
     return payload
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "ours":
+        sys.exit(ours_main(sys.argv[2]))
     main()

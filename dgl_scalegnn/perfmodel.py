@@ -371,7 +371,7 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
     whole, cfg = _whole_graph(work, shape, rank), work.model
     layer = conv_layer(cfg)
     replica = shape.coords(rank).d
-    (first, first_width), outputs, owned = _eval_matrices(work, shape)
+    (first, first_width), outputs, owned, _ = _eval_matrices(work, shape)
 
     def stage(name: str, axis: Axis, costs_of, output: tuple[Layout, int] | None) -> EvalStage:
         """A stage of row chunks that the replicas share, completing ``output``; the
@@ -418,29 +418,35 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
 
 def _eval_matrices(
     work: Workload, shape: GridShape
-) -> tuple[tuple[Layout, int], list[tuple[Layout, int]], bool]:
+) -> tuple[tuple[Layout, int], list[tuple[Layout, int]], bool, list[tuple[Layout, int] | None]]:
     """The whole-graph matrices of a full-graph evaluation on ``shape``, as ``(layout,
     width)``: the first layer's input, each layer's output (the last the head's logits
-    where there is a head; the head's alone for a model without layers), and whether the
-    input is made by the evaluation (owned) rather than read in place: on one TP rank the
-    first layer reads the features and projects its aggregation."""
+    where there is a head; the head's alone for a model without layers), whether the
+    input is made by the evaluation (owned) rather than read in place (on one TP rank the
+    first layer reads the features and projects its aggregation), and each layer's input
+    times its weight where the layer aggregates that (``None`` elsewhere)."""
     cfg = work.model
     one_tp_rank = shape.tp_size == 1
-    projected = cfg.input_projection and not (one_tp_rank and cfg.layers)
+    fold = one_tp_rank and cfg.input_projection and cfg.layers > 0
+    projected = cfg.input_projection and not fold
     first = INPUT_LAYOUT.after_linear()
-    outputs = []
+    outputs: list[tuple[Layout, int]] = []
+    narrowed: list[tuple[Layout, int] | None] = []
     if not cfg.layers:  # the head on the whole input
         outputs.append((first.after_linear(), work.num_classes))
-    kind = conv_layer(cfg).kind
+    layer = conv_layer(cfg)
     for layout, widths in zip(
-        layer_layouts(cfg.layers, kind), layer_widths(cfg, work.in_features, work.num_classes)
+        layer_layouts(cfg.layers, layer.kind),
+        layer_widths(cfg, work.in_features, work.num_classes),
     ):
-        out, width = kind.output_layout(layout), widths.width_out
+        narrows = layer.narrows_first(widths, shape.tp_size, fold and widths.index == 0)
+        narrowed.append((layout, widths.width_out) if narrows else None)
+        out, width = layer.kind.output_layout(layout), widths.width_out
         if widths.index == cfg.layers - 1 and cfg.head:
             out, width = out.after_linear(), work.num_classes
         outputs.append((out, width))
     owned = not (one_tp_rank and not projected)
-    return (first, cfg.hidden if projected else work.in_features), outputs, owned
+    return (first, cfg.hidden if projected else work.in_features), outputs, owned, narrowed
 
 
 def eval_bytes(work: Workload, shape: GridShape, rank: int, chunk_rows: int) -> dict[str, float]:
@@ -512,8 +518,9 @@ def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
     """Peak bytes of the whole-graph matrices a full-graph evaluation holds on ``rank``
     (:func:`~dgl_scalegnn.sampling.full_graph.buffer_peak` of the first layer's input
     and each layer's output, float32): on one TP rank the first layer reads the
-    features in place and projects its aggregation; elsewhere the input (projected or
-    moved to the first layer's layout) is a matrix of its own.
+    features in place and projects its aggregation, and a layer that narrows holds its
+    input times its weight too; elsewhere the input (projected or moved to the first
+    layer's layout) is a matrix of its own.
 
     >>> from dgl_scalegnn.distributed.grid import GridShape
     >>> from dgl_scalegnn.config import ModelConfig
@@ -525,12 +532,17 @@ def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
     256000.0
     """
     me = _whole_graph(work, shape, rank)
-    first, outputs, owned = _eval_matrices(work, shape)
-    sizes = [
-        me.rows(layout.rows) * me.cols(width, layout.cols) * _FLOAT
-        for layout, width in (first, *outputs)
-    ]
-    return buffer_peak(sizes, input_owned=owned)
+    first, outputs, owned, narrowed = _eval_matrices(work, shape)
+
+    def size(matrix: tuple[Layout, int] | None) -> float:
+        if matrix is None:
+            return 0.0
+        layout, width = matrix
+        return me.rows(layout.rows) * me.cols(width, layout.cols) * _FLOAT
+
+    return buffer_peak(
+        [size(m) for m in (first, *outputs)], owned, narrowed=[size(m) for m in narrowed]
+    )
 
 
 def eval_memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:

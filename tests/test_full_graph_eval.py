@@ -19,17 +19,18 @@ import pytest
 import torch
 
 from benchmarks.common import prepared_dgl_graph
-from dgl_scalegnn.config import ModelConfig
+from dgl_scalegnn.config import ModelConfig, config_from_mapping
 from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import Axis, Plane
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.tiles import release_pages
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.reference import ScaleGNN
-from dgl_scalegnn.model.stack import parameter_shards
+from dgl_scalegnn.model.stack import layer_kind, parameter_shards
 from dgl_scalegnn.parallel import cpu_kernels
 from dgl_scalegnn.perfmodel import Workload, eval_buffer_bytes
 from dgl_scalegnn.sampling.blocks import full_block
+from dgl_scalegnn.sampling.dgl_loader import norm_graph
 from dgl_scalegnn.sampling.full_graph import CSRRows, row_chunks
 from dgl_scalegnn.sampling.store import RankStore
 from tests.helpers import random_dataset, relative_error
@@ -37,6 +38,8 @@ from tests.oracle import assemble
 from tests.ranks import spawn_ranks
 
 GRAPH = {"num_nodes": 97, "num_edges": 400, "num_features": 11, "num_classes": 5}
+BARE = {"hidden": 13, "layers": 2, "dropout": 0.3, "norm": False, "residual": False}
+BARE |= {"input_projection": False, "head": False}
 VARIANTS = {
     "gcn2": {"hidden": 13, "layers": 2, "dropout": 0.3, "norm": False, "residual": False},
     "paper4": {"hidden": 13, "layers": 4, "dropout": 0.3, "input_dropout": 0.2},
@@ -77,6 +80,9 @@ VARIANTS = {
         "input_projection": False,
         "head": False,
     },
+    # DGL's two SAGEConv layers: the second narrows (13 -> 5), so on one TP rank every
+    # chunk aggregates its input times the weight, computed once for all chunks
+    "sage2-narrow": {"conv": "sage", **BARE, "bias": True},
 }
 CHUNK_ROWS = 7
 TOLERANCE = 1e-5
@@ -153,7 +159,8 @@ def _reference_logits(prepared, model: dict, params: dict) -> torch.Tensor:
             reference.params[name].copy_(value)
         reference.eval()
         features = torch.from_numpy(np.asarray(prepared.features))
-        return reference(prepared_dgl_graph(prepared), features)
+        graph = norm_graph(prepared_dgl_graph(prepared), layer_kind(reference.cfg).normalisation)
+        return reference(graph, features)
 
 
 @pytest.mark.parametrize("grid", GRIDS)
@@ -216,6 +223,46 @@ def test_layerwise_evaluation_matches_whole_graph(grid, prepared, tmp_path):
             mask = torch.from_numpy(np.asarray(getattr(prepared, f"{split}_mask")))
             accuracy = float((correct & mask).sum()) / float(mask.sum())
             assert records[0]["accuracy"][f"{split}_acc"] == pytest.approx(accuracy)
+
+
+def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monkeypatch):
+    """One TP rank, chunks of 7 rows, DGL's two SAGE layers: the layer 11 -> 13 aggregates
+    its 11 columns, the layer 13 -> 5 its input times its weight, 5 columns (beside the
+    neighbour count's one), in every chunk; switched off, it aggregates 13, and the
+    logits agree."""
+    from dgl_scalegnn.distributed.comm import Runtime
+    from dgl_scalegnn.model.convs import base, sage
+    from dgl_scalegnn.model.full_graph import full_graph_forward
+    from dgl_scalegnn.train.metrics import MetricsWriter
+    from dgl_scalegnn.train.trainer import Trainer
+
+    model_cfg = {"conv": "sage", **BARE, "bias": True}
+    cfg = config_from_mapping({"model": model_cfg, "sampling": {"batch_size": 61}})
+    trainer = Trainer(cfg, prepared, Runtime.single_process(), MetricsWriter(None, enabled=False))
+    trainer.train_step(trainer.sample(0))
+    model, graph = trainer.model.eval(), trainer.store.full_graph()
+    widths: list[int] = []
+
+    def spy(module):
+        spmm = module.parallel_spmm
+
+        def recording(x, *args):
+            widths.append(x.shape[1])
+            return spmm(x, *args)
+
+        monkeypatch.setattr(module, "parallel_spmm", recording)
+
+    spy(base)
+    spy(sage)
+    chunks = -(-GRAPH["num_nodes"] // CHUNK_ROWS)
+    with torch.no_grad():
+        narrowed, _ = full_graph_forward(model, graph, CHUNK_ROWS)
+        assert widths == [1, 11] * chunks + [1, 5] * chunks
+        widths.clear()
+        monkeypatch.setattr(sage.SAGELayer, "aggregates_narrowed", False)
+        whole, _ = full_graph_forward(model, graph, CHUNK_ROWS)
+    assert widths == [1, 11] * chunks + [1, 13] * chunks
+    assert relative_error(narrowed, whole) < TOLERANCE
 
 
 def test_store_plane_sharing_depends_on_ranges_only(prepared):

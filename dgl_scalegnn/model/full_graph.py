@@ -7,7 +7,9 @@ input and output. The head runs on each chunk of the last layer's output, so the
 hidden matrix is never whole. On one TP rank, where every layout is the whole matrix,
 the first layer reads the features themselves (no copy) and applies the input
 projection after its aggregation, :math:`(A X) W_{in}`: the projected features are
-never whole, and the SpMM reads :math:`d_{in}` columns.
+never whole, and the SpMM reads :math:`d_{in}` columns. There, too, a layer that narrows
+(:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.narrows_first`) multiplies its whole
+input by its weight once, and every chunk aggregates that narrower matrix.
 
 No chunk waits for the device: a chunk's rows and their split are known on the host,
 and each layer reads the entry ranges of all its chunks' CSR rows at once (one wait per
@@ -58,12 +60,14 @@ class _Buffers:
     """The whole-graph matrices of an evaluation, as specs: ``first`` the first layer's
     input (``owned``: made by the evaluation, not the features read in place) and
     ``outputs`` each layer's output (the last one the head's logits, where there is a
-    head; the head's alone for a model without graph layers)."""
+    head; the head's alone for a model without graph layers); ``narrowed`` each layer's
+    input times its weight, where the layer aggregates that (``None`` elsewhere)."""
 
     first: ShardSpec
     owned: bool
     outputs: tuple[ShardSpec, ...]
     fold: bool  # the first layer projects its aggregation (one TP rank)
+    narrowed: tuple[ShardSpec | None, ...]
 
 
 def _buffers(model: ParallelScaleGNN, graph: FullGraph) -> _Buffers:
@@ -73,32 +77,38 @@ def _buffers(model: ParallelScaleGNN, graph: FullGraph) -> _Buffers:
     projected = cfg.input_projection and not fold
     width = cfg.hidden if projected else model.in_features
     spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, width)
-    outputs = []
+    outputs, narrowed = [], []
     if not model.layers:  # the head on the whole input
         outputs.append(spec.with_layout(spec.layout.after_linear(), model.num_classes))
     out_spec = spec
     for layer in model.layers:
-        out_spec = out_spec.with_layout(
-            layer.kind.output_layout(out_spec.layout), layer.widths.width_out
-        )
+        widths = layer.widths
+        narrows = layer.narrows_first(widths, grid.shape.tp_size, fold and widths.index == 0)
+        narrow_spec = out_spec.with_layout(out_spec.layout, widths.width_out)
+        narrowed.append(narrow_spec if narrows else None)
+        out_spec = out_spec.with_layout(layer.kind.output_layout(out_spec.layout), widths.width_out)
         outputs.append(out_spec)
     if model.layers and model.head is not None:  # rows stay, classes along the head's columns
         outputs[-1] = out_spec.with_layout(out_spec.layout.after_linear(), model.num_classes)
-    return _Buffers(spec, not (one_tp_rank and not projected), tuple(outputs), fold)
+    owned = not (one_tp_rank and not projected)
+    return _Buffers(spec, owned, tuple(outputs), fold, tuple(narrowed))
 
 
 def full_graph_buffer_bytes(model: ParallelScaleGNN, graph: FullGraph) -> int:
     """Peak bytes of the whole-graph matrices :func:`full_graph_forward` holds on this rank
     at once (:func:`~dgl_scalegnn.sampling.full_graph.buffer_peak`): a layer's input and
-    output, beside the features and the adjacency the rank keeps anyway."""
+    output (and its narrowed input), beside the features and the adjacency the rank keeps
+    anyway."""
     grid = model.runtime.grid
     buffers = _buffers(model, graph)
     element = graph.features.element_size()
-    sizes = [
-        math.prod(spec.local_shape(grid.shape, grid.coords)) * element
-        for spec in (buffers.first, *buffers.outputs)
-    ]
-    return int(buffer_peak(sizes, input_owned=buffers.owned))
+
+    def size(spec: ShardSpec | None) -> int:
+        return 0 if spec is None else math.prod(spec.local_shape(grid.shape, grid.coords)) * element
+
+    sizes = [size(spec) for spec in (buffers.first, *buffers.outputs)]
+    narrowed = [size(spec) for spec in buffers.narrowed]
+    return int(buffer_peak(sizes, input_owned=buffers.owned, narrowed=narrowed))
 
 
 @torch.no_grad()
@@ -199,6 +209,7 @@ def _layer(
     count = chunk_count(spec.rows.num_nodes, grid.shape.size(out_spec.layout.rows), chunk_rows)
     native = model.layer_tail.native  # the model's one switch for its native kernels
     adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count, native)
+    narrowed = layer.narrowed_input(layer_input, spec, projection)  # once for every chunk
 
     def compute(chunk: RowChunk) -> torch.Tensor:
         # The SpMM reads every input row; the spec only carries the layout and names the
@@ -206,7 +217,9 @@ def _layer(
         input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
         own_rows = chunk.rows_of(layer_input, layout.rows, coords, input_start)
         adjacency = adjacency_chunks[chunk.index]
-        out, layer_spec = layer(layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection)
+        out, layer_spec = layer(
+            layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection, narrowed
+        )
         return out if head is None else head(out, layer_spec)[0]
 
     return _by_row_chunks(model, out_spec, chunk_rows, layer_input.dtype, compute)

@@ -13,8 +13,10 @@ name. It declares
 
 The base class adds what every layer shares: the output bias, the tail (RMSNorm, ReLU,
 hashed dropout, residual; :class:`~dgl_scalegnn.parallel.elementwise.LayerTail`), their
-parameters and costs, and the one-TP-rank folding of the input projection into the
-aggregation.
+parameters and costs, the one-TP-rank folding of the input projection into the
+aggregation, and, for a layer type that sets :attr:`GraphLayer.aggregates_narrowed`,
+the one-TP-rank order :math:`A (X W)` for a layer that narrows (DGL's ``GraphConv`` and
+``SAGEConv`` order): the SpMM then reads :math:`d_{out}` columns, not :math:`d_{in}`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from dgl_scalegnn.parallel.norm import (
     sum_of_squares_cost,
 )
 from dgl_scalegnn.parallel.partition import ShardSpec
-from dgl_scalegnn.parallel.products import parallel_spmm
+from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.redistribute import redistribute, redistribute_cost
 from dgl_scalegnn.parallel.spmm import LocalSpMM
 
@@ -79,6 +81,9 @@ class GraphLayer(nn.Module):
 
     #: What the schedule needs of this layer type (overridden by each type).
     kind: ClassVar[LayerKind] = GCN_KIND
+    #: Whether the type's product has a term :math:`(A X) W` (parameter ``weight``) that
+    #: it can aggregate as :math:`A (X W)` (:meth:`narrows_first`).
+    aggregates_narrowed: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -123,6 +128,7 @@ class GraphLayer(nn.Module):
         adjacency: LocalSpMM,
         own_rows: torch.Tensor | None,
         projection: InputProjection | None,
+        narrowed: torch.Tensor | None,
     ) -> Product:
         """The product of ``x`` (in ``spec``) up to the output bias; see :meth:`forward`."""
         raise NotImplementedError
@@ -157,6 +163,44 @@ class GraphLayer(nn.Module):
     # ---- shared ---------------------------------------------------------------------
 
     @classmethod
+    def narrows_first(cls, widths: LayerWidths, tp_size: int, projected: bool) -> bool:
+        """Whether a layer of this type multiplies its input by ``weight`` before the
+        aggregation (:meth:`narrowed_input`): on one TP rank, where every layout is the
+        whole matrix and the order needs no collective, for a layer with fewer output
+        than input columns, no residual, and no input projection folded into its
+        aggregation (``projected``).
+
+        >>> from dgl_scalegnn.model.convs import CONV_LAYERS
+        >>> narrowing = LayerWidths(1, 128, 8, outputs_classes=True, residual=False)
+        >>> [CONV_LAYERS[c].narrows_first(narrowing, 1, False) for c in ("gcn", "sage", "gin")]
+        [True, True, False]
+        >>> CONV_LAYERS["sage"].narrows_first(narrowing, 2, False)
+        False
+        """
+        return (
+            cls.aggregates_narrowed
+            and tp_size == 1
+            and not projected
+            and not widths.residual
+            and widths.width_out < widths.width_in
+        )
+
+    def narrowed_input(
+        self, x: torch.Tensor, spec: ShardSpec, projection: InputProjection | None
+    ) -> torch.Tensor | None:
+        """:math:`X W` for every row of ``x`` (in ``spec``) where the layer aggregates it
+        instead of :math:`X` (:meth:`narrows_first`, and no gradient through ``x``);
+        ``None`` elsewhere. A chunked evaluation computes it once for all the layer's
+        chunks."""
+        widths, runtime = self.widths, self.runtime
+        if x.requires_grad or not self.narrows_first(
+            widths, runtime.grid.shape.tp_size, projection is not None
+        ):
+            return None
+        input_spec = spec.with_layout(spec.layout, widths.width_in)
+        return parallel_linear(x, self.params["weight"], input_spec, widths.width_out, runtime)[0]
+
+    @classmethod
     def parameter_shards(
         cls, layout: Layout, widths: LayerWidths, cfg: ModelConfig
     ) -> dict[str, ParamShard]:
@@ -179,6 +223,7 @@ class GraphLayer(nn.Module):
         step: int,
         own_rows: torch.Tensor | None = None,
         projection: InputProjection | None = None,
+        narrowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ShardSpec]:
         """``x`` in ``spec`` (layout :attr:`layout`) -> the layer's output and its spec.
 
@@ -188,8 +233,12 @@ class GraphLayer(nn.Module):
         ``projection`` (one TP rank only, where every layout is the whole matrix) ``x``
         is the features and the layer input their projection, applied after the
         aggregation (:meth:`aggregate`) so that the projected features are never whole.
+        ``narrowed`` is :meth:`narrowed_input` of ``x``, computed here where the block's
+        output rows are all its input rows (training; an evaluation in one chunk).
         """
-        product = self.product(x, spec, adjacency, own_rows, projection)
+        if narrowed is None and adjacency.num_rows == x.shape[0]:
+            narrowed = self.narrowed_input(x, spec, projection)
+        product = self.product(x, spec, adjacency, own_rows, projection, narrowed)
         out_spec, runtime = product.spec, self.runtime
         hidden = add_bias(product.hidden, self.params.get("bias"), out_spec, runtime)
         if self.widths.outputs_classes:

@@ -5,9 +5,10 @@
     P = \\tilde A X W, \\qquad \\tilde A = \\hat D^{-1/2} (A + I) \\hat D^{-1/2}
 
 Input ``(r, c, o)``: the SpMM on plane ``(o, r)`` gives ``(o, c, r)``, the product with
-:math:`W` ``(o, r, c)`` (the layer rotation). On one TP rank a layer that reads the
-features into fewer columns multiplies by :math:`W` first, :math:`\\tilde A (X W)` (DGL's
-``GraphConv`` order), so that the SpMM reads the narrower side.
+:math:`W` ``(o, r, c)`` (the layer rotation). On one TP rank a layer that narrows
+multiplies by :math:`W` first, :math:`\\tilde A (X W)` (DGL's ``GraphConv`` order), so
+that the SpMM reads the narrower side (:meth:`GraphLayer.narrows_first
+<dgl_scalegnn.model.convs.base.GraphLayer.narrows_first>`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class GCNLayer(GraphLayer):
     """
 
     kind = GCN_KIND
+    aggregates_narrowed = True
 
     @classmethod
     def product_shards(
@@ -60,13 +62,13 @@ class GCNLayer(GraphLayer):
         adjacency: LocalSpMM,
         own_rows: torch.Tensor | None,
         projection: InputProjection | None,
+        narrowed: torch.Tensor | None,
     ) -> Product:
         widths, runtime, weight = self.widths, self.runtime, self.params["weight"]
-        if self._weight_first(x, adjacency, projection):
+        if narrowed is not None:
             # (Ã X) W = Ã (X W); one TP rank: every layout is the whole matrix, no collective.
-            projected, _ = parallel_linear(x, weight, spec, widths.width_out, runtime)
             narrow = spec.with_layout(spec.layout, widths.width_out)
-            hidden = parallel_spmm(projected, adjacency, narrow, runtime)[0]
+            hidden = parallel_spmm(narrowed, adjacency, narrow, runtime)[0]
             aggregated_spec = spec.with_layout(spec.layout.after_spmm())
             out_spec = aggregated_spec.with_layout(
                 aggregated_spec.layout.after_linear(), widths.width_out
@@ -77,23 +79,6 @@ class GCNLayer(GraphLayer):
             aggregated, weight, aggregated_spec, widths.width_out, runtime
         )
         return Product(hidden, out_spec, aggregated, aggregated_spec)
-
-    def _weight_first(
-        self, x: torch.Tensor, adjacency: LocalSpMM, projection: InputProjection | None
-    ) -> bool:
-        """Whether to multiply by the weight before aggregating: on one TP rank, for a
-        layer that reads the features (no gradient, no projection, no residual) into
-        fewer columns, when the block's output rows are all its input rows (training, or
-        an evaluation in one chunk: with several, each chunk would project every row)."""
-        widths = self.widths
-        return (
-            self.runtime.grid.shape.tp_size == 1
-            and projection is None
-            and not x.requires_grad
-            and not widths.residual
-            and widths.width_out < widths.width_in
-            and adjacency.num_rows == x.shape[0]
-        )
 
     @classmethod
     def product_cost(

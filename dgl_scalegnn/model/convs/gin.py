@@ -90,6 +90,7 @@ class GINLayer(GraphLayer):
         adjacency: LocalSpMM,
         own_rows: torch.Tensor | None,
         projection: InputProjection | None,
+        narrowed: torch.Tensor | None,
     ) -> Product:
         runtime, cfg = self.runtime, self.cfg
         aggregated, aggregated_spec = self.aggregate(x, spec, adjacency, projection)

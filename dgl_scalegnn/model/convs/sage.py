@@ -25,7 +25,11 @@ Full-graph evaluation (every neighbour in the batch) computes the exact mean wit
 
 Input ``(r, c, o)``: the SpMM gives ``(o, c, r)``; the layer input moves to that layout
 too, and both products share one all-reduce: ``[X | mean] [W_{self}; W]`` over the
-columns' axis, to ``(o, r, c)`` (GCN's rotation).
+columns' axis, to ``(o, r, c)`` (GCN's rotation). On one TP rank a layer that narrows
+aggregates :math:`X W` instead, :math:`\\mathrm{mean}(X) W = D^{-1} A (X W)` (DGL's
+``SAGEConv`` order where :math:`d_{in} > d_{out}`): the SpMM reads :math:`d_{out}`
+columns (:meth:`GraphLayer.narrows_first
+<dgl_scalegnn.model.convs.base.GraphLayer.narrows_first>`).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class SAGELayer(GraphLayer):
     """
 
     kind = LayerKind(linears=1, normalisation="sum")
+    aggregates_narrowed = True
 
     @classmethod
     def product_shards(
@@ -91,10 +96,22 @@ class SAGELayer(GraphLayer):
         adjacency: LocalSpMM,
         own_rows: torch.Tensor | None,
         projection: InputProjection | None,
+        narrowed: torch.Tensor | None,
     ) -> Product:
-        summed, aggregated_spec = self.aggregate(x, spec, adjacency, projection)
+        widths, runtime = self.widths, self.runtime
         ones = x.new_ones(x.shape[0], 1)  # no gradient: the count's SpMM has no backward
-        count = parallel_spmm(ones, adjacency, spec.with_layout(spec.layout, 1), self.runtime)[0]
+        count = parallel_spmm(ones, adjacency, spec.with_layout(spec.layout, 1), runtime)[0]
+        if narrowed is not None:  # one TP rank: every layout is the whole matrix
+            narrow_spec = spec.with_layout(spec.layout, widths.width_out)
+            summed, aggregated_spec = parallel_spmm(narrowed, adjacency, narrow_spec, runtime)
+            mean = neighbour_mean(summed, count)  # mean(X) W
+            own_spec = aggregated_spec.with_layout(aggregated_spec.layout, widths.width_in)
+            own = self.own_rows_in(own_spec.layout, x, spec, own_rows, projection)
+            hidden, out_spec = parallel_linear(
+                own, self.params["self_weight"], own_spec, widths.width_out, runtime
+            )
+            return Product(hidden + mean, out_spec, mean, aggregated_spec)  # no residual
+        summed, aggregated_spec = self.aggregate(x, spec, adjacency, projection)
         mean = neighbour_mean(summed, count)
         aggregated_spec = aggregated_spec.with_layout(aggregated_spec.layout, mean.shape[1])
         own = self.own_rows_in(aggregated_spec.layout, x, spec, own_rows, projection)
@@ -102,10 +119,8 @@ class SAGELayer(GraphLayer):
         # by side are a block of [X | mean] and one all-reduce completes both products.
         both = torch.cat((own, mean), dim=1)
         weights = torch.cat((self.params["self_weight"], self.params["weight"]), dim=0)
-        both_spec = aggregated_spec.with_layout(aggregated_spec.layout, 2 * self.widths.width_in)
-        hidden, out_spec = parallel_linear(
-            both, weights, both_spec, self.widths.width_out, self.runtime
-        )
+        both_spec = aggregated_spec.with_layout(aggregated_spec.layout, 2 * widths.width_in)
+        hidden, out_spec = parallel_linear(both, weights, both_spec, widths.width_out, runtime)
         return Product(hidden, out_spec, mean, aggregated_spec)
 
     @classmethod
