@@ -218,13 +218,14 @@ def _ran(steps: int, step_s: float, history: list, processes: int = 1) -> dict:
 
 def test_one_process_trains_its_budget_in_one_launch_evaluated_twice(monkeypatch, tmp_path) -> None:
     """One launch of ``train.max_train_s`` 20 s (runs faked), whatever its steps cost:
-    the guess of 0.5 s a step plans 40 steps, so the first round goes after 38 of them
-    and the second after the last. The row's round is the second, the first beside it."""
+    the guess of 0.5 s a step plans 40 steps, so the first round goes after 32 of them
+    and the second after the last (none at an epoch's end). The row's round is the
+    second, the first beside it."""
     launches = []
 
     def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
         launches.append((dict(settings), steps, list(at)))
-        history = [  # it took 1 s a step: 20 steps, the first round after step 38 not run
+        history = [  # 1 s a step: 20 steps, the first round after step 32 not run
             {"train_s": 19.0, "eval_s": 2.5, "val_acc": 0.8, "test_acc": 0.8},
             {"train_s": 20.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8},
         ]
@@ -236,7 +237,8 @@ def test_one_process_trains_its_budget_in_one_launch_evaluated_twice(monkeypatch
     row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, 0.85, tmp_path)
     ((settings, steps, at),) = launches
     assert settings["train.max_train_s"] == 20.0 and steps == bench_growth.STEP_CAP
-    assert at == [38] and row["step_guess_s"] == 0.5
+    assert settings["train.eval_every"] == bench_growth.STEP_CAP
+    assert at == [32] and row["step_guess_s"] == 0.5
     assert row["steps"] == 20 and row["train_s"] == 20.0
     assert row["eval_s"] == 1.0 and row["first_eval_s"] == 2.5
     table = growth_report._run_table([{**row, "size": size.name, "method": "ours"}])
@@ -245,7 +247,7 @@ def test_one_process_trains_its_budget_in_one_launch_evaluated_twice(monkeypatch
 
 def test_one_process_without_a_guess_times_its_batch_first(monkeypatch, tmp_path) -> None:
     """No smaller size and no fixed-B run: 8 timing steps at B = N/100, not evaluated,
-    place the first round (0.25 s a step: 80 steps of 20 s, the round after 76)."""
+    place the first round (0.25 s a step: 80 steps of 20 s, the round after 64)."""
     launches = []
 
     def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
@@ -257,7 +259,7 @@ def test_one_process_without_a_guess_times_its_batch_first(monkeypatch, tmp_path
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
     size = bench_growth.GrowthSize("sparse", 1_000_000)
     bench_growth.run_ours(None, size, "1x1x1x1", 20.0, None, 0.85, tmp_path)
-    assert launches == [("false", 8, []), (None, bench_growth.STEP_CAP, [76])]
+    assert launches == [("false", 8, []), (None, bench_growth.STEP_CAP, [64])]
 
 
 def test_eight_ranks_time_the_fixed_batch_then_train_the_budget_once(monkeypatch, tmp_path) -> None:
