@@ -67,7 +67,7 @@ bench-scale:
 # How a step, an evaluation, memory per rank and preparation grow with the graph: the
 # sparse preset at 1M, 3M and 10M vertices and the products-like one at 1M and 2.45M,
 # ours (1 and 8 processes) beside GraphSAINT-node, GraphSAGE, DGL's full-graph forward
-# and DistDGL (67-73 minutes on 2 cores; benchmarks/results/bench_growth.md, .png).
+# and DistDGL (59-69 minutes on 2 cores; benchmarks/results/bench_growth.md, .png).
 # SCALEGNN_BENCH_GROWTH_SIZES, _BUDGET, _WORK and _METHODS: benchmarks/bench_growth.py.
 bench-growth:
 	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_growth

@@ -40,55 +40,65 @@ SETUP_QUANTITIES = {"seconds": "preparation s", "peak_rss_mb": "preparation peak
 #: table marks which quantities of which methods differ; these say why).
 WHY: dict[str, str] = {
     "s/step at fixed B on 1 process": (
-        "0.037 s at 1M, 0.048 s at 3M and 0.038 s at 10M (the model: N^0); the three runs "
-        "before this one measured 0.037, 0.040 and 0.035 s; 0.030, 0.036 and 0.031 s; 0.036, "
-        "0.032 and 0.044 s. The batch's work is the same at every size, but its rows are "
+        "sparse: 0.038 s at 1M, 0.037 s at 3M and 0.046 s at 10M (the model: N^0); the "
+        "runs before measured 0.037, 0.048 and 0.038 s; 0.037, 0.040 and 0.035 s; 0.030, "
+        "0.036 and 0.031 s. The batch's work is the same at every size, but its rows are "
         "gathered from a graph share ten times larger (the CSR and the features: 0.3 GB at "
         "1M, 2.7 GB at 10M), so more gathers can miss the caches and the TLB; on 2 shared "
         "cores that shows as noise of up to 50% between runs rather than as a trend."
     ),
+    "s/step on 1 process, products-like": (
+        "its exponents (N^0.45 at fixed B/N, N^-0.43 at fixed B) rest on a 1M run whose "
+        "steps slowed from 0.05 to 0.07 s as it went (0.071 s on average; 0.049 s in the "
+        "run before, and 0.048 s in this run's own timing steps just before it), so it "
+        "trained 81 steps where the run before trained 125 and ended at 0.869 test "
+        "accuracy against 0.891. It followed DistDGL's partitioning of the same graph "
+        "(12.3 GB); what slowed it was not traced. At 2.45M the step (0.107 s) and the "
+        "accuracy (0.902) are the run before's."
+    ),
     "evaluation s/round on 1 process": (
-        "sparse: 1.66, 6.16 and 22.7 s at 1M, 3M and 10M, 3.7x for 3x the vertices and "
-        "3.7x again for 3.3x (N^1.13); products-like: 5.16 and 16.6 s at 1M and 2.45M, "
-        "3.2x for 2.45x (N^1.3). The model counts the SpMM's bytes at one bandwidth "
-        "(N^1); the SpMM gathers a row of the layer input for every entry, at random, from "
-        "a matrix that grows with N (0.5 GB at sparse 1M, 5.1 GB at 10M, 128 floats a "
-        "row), so a larger share of the gathers miss the caches and the TLB. The "
-        "products-like graph has about 5x the entries a row, so it gathers more per vertex."
+        "sparse: 2.11, 6.40 and 25.3 s at 1M, 3M and 10M (N^1.08); products-like: 15.5 s "
+        "at 2.45M (at 1M one round only, 5.91 s: the slowed run ended before its first). "
+        "The rounds now come near the end and after the last step, training between "
+        "them: at 1M the later round is 2.11 s where back to back it was 1.66 s (make "
+        "bench-eval measures back to back). The model counts the SpMM's bytes at one "
+        "bandwidth (N^1); the SpMM gathers a row of the layer input for every entry, at "
+        "random, from a matrix that grows with N (0.5 GB at sparse 1M, 5.1 GB at 10M), "
+        "so a larger share of the gathers miss the caches and the TLB."
     ),
     "s/step on 8 processes (1x2x2x2)": (
-        "0.223, 0.434 and 1.11 s at 1M, 3M and 10M (N^0.70; the model N^0.93). The 8 "
+        "0.209, 0.418 and 1.11 s at 1M, 3M and 10M (N^0.73; the model N^0.93). The 8 "
         "ranks share 2 cores, and each all-reduce's latency (a context switch per message "
-        "among 8 processes) is most of a step (0.125 of 0.223 s at 1M) and does not grow "
+        "among 8 processes) is most of a step (0.133 of 0.209 s at 1M) and does not grow "
         "with N. The model prices a core per rank (50 us, 5 GB/s) and predicts 0.025, "
-        "0.066 and 0.211 s, 4-9x less than measured, most of it bandwidth that grows with "
+        "0.066 and 0.211 s, 5-8x less than measured, most of it bandwidth that grows with "
         "B: measured growth is slower than predicted."
     ),
     "evaluation s/round on 8 processes (1x2x2x2, sparse)": (
-        "two sizes only (at 10M the ranks are refused a layer-wise round): 9.93 and 25.3 s "
-        "at 1M and 3M, 2.5x for 3x (N^0.85; the model N^1, 1.08 and 3.24 s). As for a "
-        "step, the chunks' collectives pay a latency the model prices at 50 us; what part "
-        "of the round does not grow with N was not traced."
+        "two sizes only (at 10M the ranks are refused a layer-wise round): 9.23 and 26.5 s "
+        "at 1M and 3M, 2.9x for 3x (N^0.96; the model N^1, 1.08 and 3.24 s). As for a "
+        "step, the chunks' collectives pay a latency the model prices at 50 us: the "
+        "measured rounds are 8.2-8.6x the model's."
     ),
     "peak MB per rank on 8 processes (1x2x2x2, sparse)": (
         "two sizes only: at 10M the evaluation was refused, so there is no peak with one. "
-        "Measured 978 and 1,677 MB at 1M and 3M, the model 790 and 1,532 MB: 188 MB (24%) "
-        "low at 1M and 145 MB (9%) low at 3M (N^0.49 measured, N^0.60 predicted). Which of "
-        "the rank's buffers the model misses was not traced. The training peaks, measured "
-        "at all three sizes, are 568, 886 and 1,889 MB (N^0.52)."
+        "Measured 979 and 1,794 MB at 1M and 3M, the model 790 and 1,532 MB: 189 MB (24%) "
+        "low at 1M and 262 MB (17%) low at 3M (N^0.55 measured, N^0.60 predicted). Which "
+        "of the rank's buffers the model misses was not traced. The training peaks, "
+        "measured at all three sizes, are 577, 906 and 1,893 MB (N^0.52)."
     ),
     "the plan grid": (
         "its grid changes with N, so its exponents compare different layouts, not one "
-        "growth (hence the fixed-B exponents that differ). With every rank's share of this "
-        "host's memory (an eighth of what is available) and the evaluation's whole-graph "
+        "growth (hence the exponents that differ). With every rank's share of this host's "
+        "memory (an eighth of what is available) and the evaluation's whole-graph "
         "matrices in the model, the plan ranks 8x1x1x1 first at 1M, 4x2x1x1 at 3M and "
         "1x8x1x1 at 10M (sparse), 8x1x1x1 at 1M and 2x1x2x2 at 2.45M (products-like). It "
         "ranks by epoch time: a data-parallel grid takes Gd batches a step. A step of the "
-        "plan's grid costs 1.3-2.2x one of 1x2x2x2, but an epoch 6.1x less at 1M, 1.9x "
-        "less at 3M, 3.6x and 1.5x less on products-like; at 10M, where it chose 1x8x1x1, "
-        "2.2x more. Its data-parallel replicas share the evaluation's chunks: 8x1x1x1 "
-        "evaluates sparse 1M in 8.6 s (19.0 s in the run before, when every replica "
-        "evaluated the whole graph)."
+        "plan's grid costs 1.4-2.6x one of 1x2x2x2, but an epoch 5.6x less at 1M, 1.9x "
+        "less at 3M, 4.5x and 1.5x less on products-like; at 10M, where it chose 1x8x1x1, "
+        "2.6x more. Its data-parallel replicas share the evaluation's chunks: 8x1x1x1 "
+        "evaluates sparse 1M in 8.3 s. Its 2x1x2x2 run at products-like 2.45M stopped at "
+        "13.4 s of rank 0's training, of 14.7: the budget reads the slowest rank's seconds."
     ),
 }
 
