@@ -42,7 +42,6 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch starts its threads
 
 from benchmarks import bench_growth, bench_scale
-from benchmarks.baselines import training
 from benchmarks.common import RESULTS, write_results
 
 __all__ = ["FORWARD_MODEL", "main"]
@@ -105,19 +104,13 @@ def run_ours(
 ) -> dict[str, Any]:
     """:func:`ours_main` of ``model`` (config overrides; none: the preset's) on ``graph``
     in a child process."""
-    spec_path = log_dir / f"{tag}.json"
-    result_path = log_dir / f"{tag}.result.json"
     spec = {
         "config": str(bench_growth.ROOT / graph.config_file),
         "prepared": str(graph.prepared),
         "model": dict(model),
         "batch_size": max(1, graph.num_nodes // bench_growth.BATCH_FRACTION),
-        "result_path": str(result_path),
     }
-    spec_path.write_text(json.dumps(spec))
-    argv = [sys.executable, "-m", "benchmarks.bench_eval", "ours", str(spec_path)]
-    bench_scale._run(argv, log_dir / f"{tag}.log", training.machine_cores(), 3600)
-    result = json.loads(result_path.read_text())
+    result = bench_growth.run_child("benchmarks.bench_eval", "ours", tag, spec, log_dir)
     return {"eval_s": min(result["eval_s_rounds"]), **result}
 
 

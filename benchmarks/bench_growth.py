@@ -766,14 +766,23 @@ def _peer_row(result: Mapping[str, Any], batch: int) -> dict[str, Any]:
     }
 
 
+def run_child(
+    module: str, command: str, tag: str, spec: Mapping[str, Any], log_dir: Path
+) -> dict[str, Any]:
+    """``python -m module command SPEC`` on every core, ``spec`` written to
+    ``log_dir/tag.json`` with the ``result_path`` where the child writes its result (as
+    :func:`forward_main` does); returns that result."""
+    spec_path = log_dir / f"{tag}.json"
+    result_path = log_dir / f"{tag}.result.json"
+    spec_path.write_text(json.dumps({**spec, "result_path": str(result_path)}))
+    argv = [sys.executable, "-m", module, command, str(spec_path)]
+    bench_scale._run(argv, log_dir / f"{tag}.log", training.machine_cores(), 3600)
+    return json.loads(result_path.read_text())
+
+
 def run_forward(graph: bench_scale.Graph, size: GrowthSize, log_dir: Path) -> dict[str, Any]:
-    spec_path = log_dir / f"forward-{size.name}.json"
-    result_path = log_dir / f"forward-{size.name}.result.json"
-    spec = {"graph": str(graph.dgl_file), "preset": size.preset, "result_path": str(result_path)}
-    spec_path.write_text(json.dumps(spec))
-    argv = [sys.executable, "-m", "benchmarks.bench_growth", "forward", str(spec_path)]
-    bench_scale._run(argv, log_dir / f"forward-{size.name}.log", training.machine_cores(), 3600)
-    result = json.loads(result_path.read_text())
+    spec = {"graph": str(graph.dgl_file), "preset": size.preset}
+    result = run_child("benchmarks.bench_growth", "forward", f"forward-{size.name}", spec, log_dir)
     return {
         "processes": 1,
         "eval_s": min(result["eval_s_rounds"]),

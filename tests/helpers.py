@@ -16,6 +16,7 @@ import psutil
 import torch
 
 import yaml
+from benchmarks import bench_scale
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.graph import NodeDataset
@@ -57,6 +58,46 @@ def random_dataset(
     graph.ndata["val_mask"] = torch.from_numpy((split >= 0.6) & (split < 0.8))
     graph.ndata["test_mask"] = torch.from_numpy(split >= 0.8)
     return NodeDataset("random", graph, num_classes, multilabel=multilabel)
+
+
+def small_prepared_graph(tmp_path: Path) -> bench_scale.Graph:
+    """A 2,000-vertex synthetic graph (8 features) prepared by ``scalegnn prepare`` into
+    ``tmp_path/prepared``, as the benchmarks' :class:`~benchmarks.bench_scale.Graph` of
+    the sparse preset (its 1M config; no DGL file, no partitions)."""
+    from dgl_scalegnn.cli import main as cli_main
+
+    prepared = tmp_path / "prepared"
+    synthetic = ["--set", "data.synthetic.num_nodes=2000", "--set", "data.synthetic.num_features=8"]
+    assert cli_main(["prepare", "--dataset", "synthetic", *synthetic, "--out", str(prepared)]) == 0
+    return bench_scale.Graph(
+        name="sparse",
+        config_file=str(ROOT / "yaml" / "synthetic-1m.yaml"),
+        prepared=prepared,
+        dgl_file=tmp_path / "unused.bin",
+        part_config=tmp_path / "unused.json",
+        num_classes=8,
+        num_nodes=2000,
+        setup_s={},
+    )
+
+
+def record_steps(trainer) -> list[dict[str, float]]:
+    """Per optimizer step: the rate, the agreed seconds and this rank's own before it."""
+    seen: list[dict[str, float]] = []
+    step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        seen.append(
+            {
+                "lr": trainer.optimizer.param_groups[0]["lr"],
+                "agreed_s": trainer.agreed_train_s,
+                "own_s": trainer.progress.train_seconds,
+            }
+        )
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    return seen
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

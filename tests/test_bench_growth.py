@@ -15,7 +15,7 @@ import time
 import pytest
 
 from benchmarks import bench_growth, bench_scale, growth_report
-from tests.helpers import ROOT
+from tests.helpers import small_prepared_graph
 
 
 def test_sizes_parse_per_preset_smallest_first_and_refuse_unknown_presets() -> None:
@@ -173,10 +173,8 @@ def test_a_checkpoint_evaluates_on_one_process_from_the_benchmark(tmp_path) -> N
     from dgl_scalegnn.cli import main as cli_main
     from dgl_scalegnn.train.metrics import read_metrics
 
-    prepared = tmp_path / "prepared"
-    synthetic = ["--set", "data.synthetic.num_nodes=2000", "--set", "data.synthetic.num_features=8"]
-    assert cli_main(["prepare", "--dataset", "synthetic", *synthetic, "--out", str(prepared)]) == 0
-    config = str(ROOT / "yaml" / "synthetic-1m.yaml")
+    graph = small_prepared_graph(tmp_path)
+    prepared, config = graph.prepared, graph.config_file
     run = tmp_path / "run"
     steps = ["--set", "train.max_steps=3", "--set", "sampling.batch_size=200"]
     argv = ["train", "--config", config, "--grid", "1x1x1x1", "--set", f"data.prepared={prepared}"]
@@ -185,16 +183,6 @@ def test_a_checkpoint_evaluates_on_one_process_from_the_benchmark(tmp_path) -> N
     argv += ["--metrics", str(tmp_path / "train.jsonl")]
     assert cli_main(argv) == 0
     assert not [e for e in read_metrics(tmp_path / "train.jsonl") if e["event"] == "eval"]
-    graph = bench_scale.Graph(
-        name="sparse",
-        config_file=config,
-        prepared=prepared,
-        dgl_file=tmp_path / "unused.bin",
-        part_config=tmp_path / "unused.json",
-        num_classes=8,
-        num_nodes=2000,
-        setup_s={},
-    )
     size = bench_growth.GrowthSize("sparse", 20_000)  # B = 200, as trained
     evaluated = bench_growth.evaluate_checkpoint(graph, size, run, 3, tmp_path)
     assert evaluated["step"] == 3 and evaluated["grid"] == "1x1x1x1"

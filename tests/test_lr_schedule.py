@@ -12,7 +12,7 @@ from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import random_dataset
+from tests.helpers import random_dataset, record_steps
 
 STEPS = 6
 
@@ -29,16 +29,9 @@ def _rates_seen(optim: dict) -> list[float]:
     )
     graph = prepare_in_memory(random_dataset(num_nodes=80, num_edges=400), 0)
     trainer = Trainer(cfg, graph, Runtime.single_process(), MetricsWriter(None, enabled=False))
-    seen = []
-    step = trainer.optimizer.step
-
-    def recording_step(*args, **kwargs):
-        seen.append(trainer.optimizer.param_groups[0]["lr"])
-        return step(*args, **kwargs)
-
-    trainer.optimizer.step = recording_step
+    seen = record_steps(trainer)
     trainer.fit()
-    return seen
+    return [step["lr"] for step in seen]
 
 
 def test_constant_rate_by_default():

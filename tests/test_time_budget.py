@@ -14,9 +14,9 @@ from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.train import trainer as trainer_module
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import random_dataset
+from tests.helpers import random_dataset, record_steps
 from tests.ranks import spawn_ranks
-from tests.workers.time_budget import fake_clock, record_steps
+from tests.workers.time_budget import fake_clock
 
 BUDGET_S = 3.0
 CAP = 100  # train.max_steps: far more steps than the budget allows

@@ -22,7 +22,7 @@ from dgl_scalegnn.train import trainer as trainer_module
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import random_dataset
+from tests.helpers import random_dataset, record_steps
 
 
 def fake_clock(tick: float) -> SimpleNamespace:
@@ -34,25 +34,6 @@ def fake_clock(tick: float) -> SimpleNamespace:
         return now[0]
 
     return SimpleNamespace(perf_counter=perf_counter)
-
-
-def record_steps(trainer: Trainer) -> list[dict[str, float]]:
-    """Per optimizer step: the rate, the agreed seconds and this rank's own before it."""
-    seen: list[dict[str, float]] = []
-    step = trainer.optimizer.step
-
-    def recording_step(*args, **kwargs):
-        seen.append(
-            {
-                "lr": trainer.optimizer.param_groups[0]["lr"],
-                "agreed_s": trainer.agreed_train_s,
-                "own_s": trainer.progress.train_seconds,
-            }
-        )
-        return step(*args, **kwargs)
-
-    trainer.optimizer.step = recording_step
-    return seen
 
 
 def main(spec_path: str) -> None:
