@@ -424,7 +424,7 @@ def _eval_matrices(
     where there is a head; the head's alone for a model without layers), whether the
     input is made by the evaluation (owned) rather than read in place (on one TP rank the
     first layer reads the features and projects its aggregation), and each layer's input
-    times its weight where the layer aggregates that (``None`` elsewhere)."""
+    times its weights where the layer aggregates that (``None`` elsewhere)."""
     cfg = work.model
     one_tp_rank = shape.tp_size == 1
     fold = one_tp_rank and cfg.input_projection and cfg.layers > 0
@@ -440,7 +440,7 @@ def _eval_matrices(
         layer_widths(cfg, work.in_features, work.num_classes),
     ):
         narrows = layer.narrows_first(widths, shape.tp_size, fold and widths.index == 0)
-        narrowed.append((layout, widths.width_out) if narrows else None)
+        narrowed.append((layout, layer.narrowed_width(widths)) if narrows else None)
         out, width = layer.kind.output_layout(layout), widths.width_out
         if widths.index == cfg.layers - 1 and cfg.head:
             out, width = out.after_linear(), work.num_classes

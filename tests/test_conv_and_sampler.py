@@ -18,7 +18,7 @@ from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
-from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
+from dgl_scalegnn.parallel.products import parallel_linear, parallel_linear_sum, parallel_spmm
 from dgl_scalegnn.parallel.spmm import SPMM_KERNELS, build_local_spmm
 from dgl_scalegnn.sampling.blocks import extract_block, full_block
 from dgl_scalegnn.sampling.dgl_loader import UniformVertexSampler, norm_graph
@@ -65,6 +65,35 @@ def test_gcn_conv_equals_dgl_graphconv(kernel):
     assert torch.allclose(ours, theirs, rtol=0, atol=1e-8)
     assert torch.allclose(features.grad, ref_features.grad, rtol=0, atol=1e-8)
     assert torch.allclose(weight.grad, conv.weight.grad, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("first_needs_grad", [False, True])
+def test_parallel_linear_sum_is_the_product_of_the_joined_matrices(first_needs_grad):
+    """:math:`X_1 W_1 + X_2 W_2` and its gradients, against autograd through
+    :math:`[X_1 | X_2] [W_1; W_2]` (float64), also where the first operand needs none."""
+    generator = torch.Generator().manual_seed(0)
+    n, widths, d_out = 9, (3, 4), 5
+    xs = [torch.randn(n, w, dtype=torch.float64, generator=generator) for w in widths]
+    ws = [torch.randn(w, d_out, dtype=torch.float64, generator=generator) for w in widths]
+    xs[0].requires_grad_(first_needs_grad)
+    xs[1].requires_grad_()
+    for w in ws:
+        w.requires_grad_()
+    runtime = Runtime.single_process()
+    spec = ShardSpec(XYZ, RowPartition.of(torch.arange(n), n, GridShape(1, 1, 1, 1)), sum(widths))
+    ours, out_spec = parallel_linear_sum(list(zip(xs, ws)), spec, d_out, runtime)
+    upstream = torch.randn(n, d_out, dtype=torch.float64, generator=generator)
+    ours_grads = torch.autograd.grad(
+        (ours * upstream).sum(), [t for t in (*xs, *ws) if t.requires_grad]
+    )
+    joined = torch.cat(xs, dim=1) @ torch.cat(ws, dim=0)
+    theirs_grads = torch.autograd.grad(
+        (joined * upstream).sum(), [t for t in (*xs, *ws) if t.requires_grad]
+    )
+    assert out_spec.layout == XYZ.after_linear() and out_spec.num_cols == d_out
+    torch.testing.assert_close(ours, joined, rtol=0, atol=1e-12)
+    for got, expected in zip(ours_grads, theirs_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -226,3 +226,31 @@ def test_csr_scaled_rows_takes_strided_inputs_and_refuses_rows_past_the_block():
     torch.testing.assert_close(got, expected[1:6])
     with pytest.raises(IndexError, match="rows"):
         cpu_kernels.csr_scaled_rows(crow, indices, row_scale, col_scale, x, 2, 7)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_csr_kernels_at_every_width_read_column_slices_in_place(index_dtype):
+    """The SpMM loop at its specialised widths (8 to 128) and others, reading ``x`` as a
+    column slice of a wider matrix, against a dense product; a row of 40 entries makes
+    the look-ahead cross rows. The row sums are the SpMM of a column of ones, bit for
+    bit, and the dense row sums."""
+    generator = torch.Generator().manual_seed(1)
+    dense = (torch.rand(50, 60, generator=generator) < 0.2).float()
+    dense[7] = (torch.rand(60, generator=generator) < 0.7).float()  # a high-degree row
+    row_scale, col_scale = torch.rand(50, generator=generator), torch.rand(60, generator=generator)
+    crow = torch.cat([torch.zeros(1, dtype=torch.int64), dense.sum(1).cumsum(0).long()])
+    indices = dense.nonzero()[:, 1].to(index_dtype)
+    matrix = row_scale[:, None] * dense * col_scale[None, :]
+    for width in (1, 5, 8, 16, 32, 64, 100, 128):
+        wide = torch.randn(60, width + 3, generator=generator)
+        x = wide[:, 2 : 2 + width]  # rows width + 3 apart
+        got = cpu_kernels.csr_scaled_rows(crow, indices, row_scale, col_scale, x, 3, 50)
+        torch.testing.assert_close(got, (matrix @ x)[3:50])
+    sums = cpu_kernels.csr_row_sums(crow, indices, row_scale, col_scale, 3, 50)
+    ones = cpu_kernels.csr_scaled_rows(
+        crow, indices, row_scale, col_scale, torch.ones(60, 1), 3, 50
+    )
+    assert torch.equal(sums, ones)
+    torch.testing.assert_close(sums[:, 0], matrix.sum(1)[3:50])
+    with pytest.raises(IndexError, match="rows"):
+        cpu_kernels.csr_row_sums(crow, indices, row_scale, col_scale, 3, 51)

@@ -227,12 +227,14 @@ def test_layerwise_evaluation_matches_whole_graph(grid, prepared, tmp_path):
 
 def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monkeypatch):
     """One TP rank, chunks of 7 rows, DGL's two SAGE layers: the layer 11 -> 13 aggregates
-    its 11 columns, the layer 13 -> 5 its input times its weight, 5 columns (beside the
-    neighbour count's one), in every chunk; switched off, it aggregates 13, and the
-    logits agree."""
+    its 11 columns, the layer 13 -> 5 its input times its weight, 5 columns, in every
+    chunk, from one product of the whole input by ``[W | W_self]`` (10 columns); the
+    neighbour counts are the blocks' row sums, never an SpMM. Switched off, the second
+    layer aggregates 13 columns, and the logits agree."""
     from dgl_scalegnn.distributed.comm import Runtime
     from dgl_scalegnn.model.convs import base, sage
     from dgl_scalegnn.model.full_graph import full_graph_forward
+    from dgl_scalegnn.sampling.full_graph import CSRRows
     from dgl_scalegnn.train.metrics import MetricsWriter
     from dgl_scalegnn.train.trainer import Trainer
 
@@ -242,6 +244,8 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
     trainer.train_step(trainer.sample(0))
     model, graph = trainer.model.eval(), trainer.store.full_graph()
     widths: list[int] = []
+    narrowed_shapes: list[tuple[int, ...]] = []
+    row_sums: list[int] = []
 
     def spy(module):
         spmm = module.parallel_spmm
@@ -254,14 +258,30 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
 
     spy(base)
     spy(sage)
+    narrowed_input, counted = sage.SAGELayer.narrowed_input, CSRRows.row_sums
+
+    def narrowing(layer, *args):
+        out = narrowed_input(layer, *args)
+        if out is not None:
+            narrowed_shapes.append(tuple(out.shape))
+        return out
+
+    def counting(rows, like):
+        row_sums.append(rows.num_rows)
+        return counted(rows, like)
+
+    monkeypatch.setattr(sage.SAGELayer, "narrowed_input", narrowing)
+    monkeypatch.setattr(CSRRows, "row_sums", counting)
     chunks = -(-GRAPH["num_nodes"] // CHUNK_ROWS)
     with torch.no_grad():
         narrowed, _ = full_graph_forward(model, graph, CHUNK_ROWS)
-        assert widths == [1, 11] * chunks + [1, 5] * chunks
+        assert widths == [11] * chunks + [5] * chunks
+        assert narrowed_shapes == [(GRAPH["num_nodes"], 10)]
+        assert len(row_sums) == 2 * chunks and sum(row_sums) == 2 * GRAPH["num_nodes"]
         widths.clear()
         monkeypatch.setattr(sage.SAGELayer, "aggregates_narrowed", False)
         whole, _ = full_graph_forward(model, graph, CHUNK_ROWS)
-    assert widths == [1, 11] * chunks + [1, 13] * chunks
+    assert widths == [11] * chunks + [13] * chunks
     assert relative_error(narrowed, whole) < TOLERANCE
 
 

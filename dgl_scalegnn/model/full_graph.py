@@ -9,7 +9,7 @@ the first layer reads the features themselves (no copy) and applies the input
 projection after its aggregation, :math:`(A X) W_{in}`: the projected features are
 never whole, and the SpMM reads :math:`d_{in}` columns. There, too, a layer that narrows
 (:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.narrows_first`) multiplies its whole
-input by its weight once, and every chunk aggregates that narrower matrix.
+input by its weights once, and every chunk aggregates that narrower matrix.
 
 No chunk waits for the device: a chunk's rows and their split are known on the host,
 and each layer reads the entry ranges of all its chunks' CSR rows at once (one wait per
@@ -29,6 +29,7 @@ import torch
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis
 from dgl_scalegnn.distributed.comm import all_reduce
 from dgl_scalegnn.model.convs import GraphLayer
+from dgl_scalegnn.model.convs.base import Narrowed
 from dgl_scalegnn.model.layers import Head, InputProjection
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
@@ -84,7 +85,7 @@ def _buffers(model: ParallelScaleGNN, graph: FullGraph) -> _Buffers:
     for layer in model.layers:
         widths = layer.widths
         narrows = layer.narrows_first(widths, grid.shape.tp_size, fold and widths.index == 0)
-        narrow_spec = out_spec.with_layout(out_spec.layout, widths.width_out)
+        narrow_spec = out_spec.with_layout(out_spec.layout, layer.narrowed_width(widths))
         narrowed.append(narrow_spec if narrows else None)
         out_spec = out_spec.with_layout(layer.kind.output_layout(out_spec.layout), widths.width_out)
         outputs.append(out_spec)
@@ -216,9 +217,13 @@ def _layer(
         # chunk's rows, which the output keeps.
         input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
         own_rows = chunk.rows_of(layer_input, layout.rows, coords, input_start)
+        own_narrowed = None
+        if narrowed is not None:
+            own = chunk.rows_of(narrowed, layout.rows, coords, input_start)
+            own_narrowed = Narrowed(narrowed, own)
         adjacency = adjacency_chunks[chunk.index]
         out, layer_spec = layer(
-            layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection, narrowed
+            layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection, own_narrowed
         )
         return out if head is None else head(out, layer_spec)[0]
 

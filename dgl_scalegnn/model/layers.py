@@ -107,7 +107,7 @@ class InputProjection(_InputStage):
         out = aggregated @ self.weight
         if self.bias is None:
             return out
-        row_sums = adjacency.matmul(out.new_ones(adjacency.num_cols, 1))
+        row_sums = adjacency.row_sums(out)
         return out + row_sums * self.bias
 
     @staticmethod

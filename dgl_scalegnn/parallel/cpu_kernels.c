@@ -200,33 +200,91 @@ void masked_grad(const float *restrict grad, const uint8_t *restrict live, float
   }
 }
 
+/* How many entries ahead csr_scaled_rows asks for the rows of x it will read: a row of
+ * x is a random read, so its cache lines are requested while the rows before are summed
+ * (measured on the sparse 1M graph's block, 2 cores: 2.5x at width 8, 1.3x at 64 and
+ * 128; 8 to 32 entries ahead are alike). */
+#define PREFETCH_ENTRIES 16
+/* Rows of csr_scaled_rows a thread takes at a time (degrees are skewed). */
+#define ROW_BLOCK 64
+
+/* One row of csr_scaled_rows; cols is a compile-time constant at the common widths. */
+INLINE void scaled_row(const int64_t *restrict indptr, const int32_t *restrict narrow_ids,
+                       const int64_t *restrict wide_ids, int wide,
+                       const float *restrict col_scale, const float *restrict x,
+                       int64_t ld, float *restrict o, int64_t i, float r,
+                       int64_t last_entry, const int64_t cols) {
+  const int64_t lines = (cols * (int64_t)sizeof(float) + 63) / 64;
+  for (int64_t k = 0; k < cols; ++k) o[k] = 0.0f;
+  for (int64_t e = indptr[i]; e < indptr[i + 1]; ++e) {
+    if (e + PREFETCH_ENTRIES < last_entry) {
+      const int64_t ahead = e + PREFETCH_ENTRIES;
+      const float *p = x + (wide ? wide_ids[ahead] : (int64_t)narrow_ids[ahead]) * ld;
+      for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(p + l * 16, 0, 0);
+    }
+    const int64_t j = wide ? wide_ids[e] : (int64_t)narrow_ids[e];
+    const float c = col_scale[j];
+    const float *restrict xj = x + j * ld;
+#pragma omp simd
+    for (int64_t k = 0; k < cols; ++k) o[k] += c * xj[k];
+  }
+#pragma omp simd
+  for (int64_t k = 0; k < cols; ++k) o[k] *= r;
+}
+
+#define SCALED_ROWS_CASE(width)                                                        \
+  case width:                                                                          \
+    for (int64_t i = lo; i < hi; ++i)                                                  \
+      scaled_row(indptr, narrow_ids, wide_ids, wide, col_scale, x, ld,                 \
+                 out + (i - start) * width, i, row_scale[i], last_entry, width);       \
+    break;
+
 /* The rows [start, stop) of a CSR block whose entry (i, j) is r_i c_j (no value array)
- * times x:
+ * times x (rows ld floats apart, the first cols of each read):
  *   out[i - start, :] = r_i sum_{e in row i} c_{j_e} x[j_e, :]
  * indices are int32, or int64 where wide. Unlike the tail, no eager kernel is followed:
  * torch's CSR product multiplies r_i c_j first, so the two agree to float32 rounding.
- * A row's sum stays in its output row while its neighbours' rows are read; rows go to
- * the threads in small dynamic blocks, as degrees are skewed. */
+ * A row's sum stays in its output row while its neighbours' rows are read, and the rows
+ * PREFETCH_ENTRIES entries ahead are requested meanwhile; blocks of ROW_BLOCK rows go to
+ * the threads dynamically, as degrees are skewed. */
 void csr_scaled_rows(const int64_t *restrict indptr, const void *restrict indices, int wide,
                      const float *restrict row_scale, const float *restrict col_scale,
-                     const float *restrict x, float *restrict out, int64_t start,
-                     int64_t stop, int64_t cols, int threads) {
+                     const float *restrict x, int64_t ld, float *restrict out,
+                     int64_t start, int64_t stop, int64_t cols, int threads) {
   const int32_t *restrict narrow_ids = (const int32_t *)indices;
   const int64_t *restrict wide_ids = (const int64_t *)indices;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 64)
-  for (int64_t i = start; i < stop; ++i) {
-    float *restrict o = out + (i - start) * cols;
-    memset(o, 0, (size_t)cols * sizeof(float));
-    for (int64_t e = indptr[i]; e < indptr[i + 1]; ++e) {
-      const int64_t j = wide ? wide_ids[e] : (int64_t)narrow_ids[e];
-      const float c = col_scale[j];
-      const float *restrict xj = x + j * cols;
-#pragma omp simd
-      for (int64_t k = 0; k < cols; ++k) o[k] += c * xj[k];
+  const int64_t last_entry = indptr[stop];
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t lo = start; lo < stop; lo += ROW_BLOCK) {
+    const int64_t hi = lo + ROW_BLOCK < stop ? lo + ROW_BLOCK : stop;
+    switch (cols) {
+      SCALED_ROWS_CASE(8)
+      SCALED_ROWS_CASE(16)
+      SCALED_ROWS_CASE(32)
+      SCALED_ROWS_CASE(64)
+      SCALED_ROWS_CASE(128)
+      default:
+        for (int64_t i = lo; i < hi; ++i)
+          scaled_row(indptr, narrow_ids, wide_ids, wide, col_scale, x, ld,
+                     out + (i - start) * cols, i, row_scale[i], last_entry, cols);
     }
-    const float r = row_scale[i];
-#pragma omp simd
-    for (int64_t k = 0; k < cols; ++k) o[k] *= r;
+  }
+}
+
+/* The rows [start, stop) of the same block times a column of ones, as csr_scaled_rows
+ * computes it with x = 1 (the same sums in the same order), without reading x:
+ *   out[i - start] = r_i sum_{e in row i} c_{j_e} */
+void csr_row_sums(const int64_t *restrict indptr, const void *restrict indices, int wide,
+                  const float *restrict row_scale, const float *restrict col_scale,
+                  float *restrict out, int64_t start, int64_t stop, int threads) {
+  const int32_t *restrict narrow_ids = (const int32_t *)indices;
+  const int64_t *restrict wide_ids = (const int64_t *)indices;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 256)
+  for (int64_t i = start; i < stop; ++i) {
+    float sum = 0.0f;
+    for (int64_t e = indptr[i]; e < indptr[i + 1]; ++e)
+      sum += col_scale[wide ? wide_ids[e] : (int64_t)narrow_ids[e]];
+    out[i - start] = sum * row_scale[i];
   }
 }
 

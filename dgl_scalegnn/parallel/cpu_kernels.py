@@ -60,6 +60,7 @@ __all__ = [
     "tail_backward",
     "add_row_scaled",
     "csr_scaled_rows",
+    "csr_row_sums",
     "pread_runs",
 ]
 
@@ -79,7 +80,8 @@ _SIGNATURES = {
     "norm_backward": "pppppfpppniin",
     "add_row_scaled": "pppiin",
     "masked_grad": "ppfpiin",
-    "csr_scaled_rows": "ppnppppiiin",
+    "csr_scaled_rows": "ppnpppipiiin",
+    "csr_row_sums": "ppnpppiin",
     "pread_runs": "niippip",
 }
 #: Kernels that return a value (the others return nothing).
@@ -518,6 +520,16 @@ def add_row_scaled(grad_x: torch.Tensor, x: torch.Tensor, row_grad: torch.Tensor
     return grad_x
 
 
+def _check_csr(name: str, indptr: torch.Tensor, indices: torch.Tensor, start: int, stop: int):
+    """Refuse index arrays the CSR kernels cannot read, or rows outside the block."""
+    if indptr.dtype != torch.int64 or indices.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"{name}: indptr int64 and indices int32/int64, got {indptr.dtype} and {indices.dtype}"
+        )
+    if not 0 <= start <= stop < indptr.numel():
+        raise IndexError(f"{name}: rows [{start}, {stop}) of {indptr.numel() - 1}")
+
+
 def csr_scaled_rows(
     indptr: torch.Tensor,
     indices: torch.Tensor,
@@ -530,19 +542,16 @@ def csr_scaled_rows(
     """Rows ``[start, stop)`` of a CSR block whose entry :math:`(i, j)` is
     :math:`r_i c_j` (``indptr`` int64, ``indices`` int32 or int64, ``row_scale`` :math:`r`,
     ``col_scale`` :math:`c`) times ``x`` ``(num_cols, D)``: ``(stop - start, D)``,
-    :math:`r_i \\sum_j c_j x_j` row by row, without a value array or a CSR copy."""
-    if indptr.dtype != torch.int64 or indices.dtype not in (torch.int32, torch.int64):
-        raise TypeError(
-            "csr_scaled_rows: indptr int64 and indices int32/int64, got "
-            f"{indptr.dtype} and {indices.dtype}"
-        )
-    if not 0 <= start <= stop < indptr.numel():
-        raise IndexError(f"csr_scaled_rows: rows [{start}, {stop}) of {indptr.numel() - 1}")
+    :math:`r_i \\sum_j c_j x_j` row by row, without a value array or a CSR copy. ``x``
+    is read in place where its rows are contiguous, as those of a column slice are."""
+    _check_csr("csr_scaled_rows", indptr, indices, start, stop)
     # bound to names: a copy made here must outlive the call (arrays already contiguous,
     # as a block's are, are not copied)
-    indptr, indices, row_scale, col_scale, x = (
-        t.contiguous() for t in (indptr, indices, row_scale, col_scale, x)
+    indptr, indices, row_scale, col_scale = (
+        t.contiguous() for t in (indptr, indices, row_scale, col_scale)
     )
+    if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
+        x = x.contiguous()
     out = x.new_empty(stop - start, x.shape[1])
     _call(
         "csr_scaled_rows",
@@ -552,10 +561,42 @@ def csr_scaled_rows(
         _ptr(row_scale),
         _ptr(col_scale),
         _ptr(x),
+        x.stride(0),
         _ptr(out),
         start,
         stop,
         x.shape[1],
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def csr_row_sums(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    row_scale: torch.Tensor,
+    col_scale: torch.Tensor,
+    start: int,
+    stop: int,
+) -> torch.Tensor:
+    """:func:`csr_scaled_rows` of a column of ones, ``(stop - start, 1)``, the same sums
+    in the same order without reading a ``(num_cols, 1)`` operand:
+    :math:`r_i \\sum_j c_j` (a SAGE layer's neighbour count)."""
+    _check_csr("csr_row_sums", indptr, indices, start, stop)
+    indptr, indices, row_scale, col_scale = (
+        t.contiguous() for t in (indptr, indices, row_scale, col_scale)
+    )
+    out = row_scale.new_empty(stop - start, 1)
+    _call(
+        "csr_row_sums",
+        _ptr(indptr),
+        _ptr(indices),
+        int(indices.dtype == torch.int64),
+        _ptr(row_scale),
+        _ptr(col_scale),
+        _ptr(out),
+        start,
+        stop,
         torch.get_num_threads(),
     )
     return out

@@ -95,10 +95,24 @@ class LocalSpMM(Protocol):
     num_cols: int
 
     def matmul(self, features: torch.Tensor) -> torch.Tensor:
-        """``(num_cols, D) -> (num_rows, D)``: :math:`\\tilde A^{loc} F`."""
+        """``(num_cols, D) -> (num_rows, D)``: :math:`\\tilde A^{loc} F`, for ``features``
+        of any strides."""
 
     def matmul_t(self, grads: torch.Tensor) -> torch.Tensor:
         """``(num_rows, D) -> (num_cols, D)``: :math:`(\\tilde A^{loc})^T G`."""
+
+    def row_sums(self, like: torch.Tensor) -> torch.Tensor:
+        """``(num_rows, 1)``: :math:`\\tilde A^{loc} \\mathbf 1`, in ``like``'s dtype and
+        on its device (no gradient)."""
+
+
+class _RowSumsByProduct:
+    """:meth:`LocalSpMM.row_sums` as the product with a column of ones."""
+
+    num_cols: int
+
+    def row_sums(self, like: torch.Tensor) -> torch.Tensor:
+        return self.matmul(like.new_ones(self.num_cols, 1))  # type: ignore[attr-defined]
 
 
 def _aggregation_block(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int):
@@ -107,7 +121,7 @@ def _aggregation_block(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_d
     return dgl.create_block((src, dst), num_src_nodes=num_src, num_dst_nodes=num_dst)
 
 
-class _DGLWeighted:
+class _DGLWeighted(_RowSumsByProduct):
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
         self._forward = _aggregation_block(block.cols, block.rows, block.num_cols, block.num_rows)
@@ -115,13 +129,14 @@ class _DGLWeighted:
         self._values = block.values
 
     def matmul(self, features: torch.Tensor) -> torch.Tensor:
+        features = features.contiguous()  # DGL's kernels read dense rows
         return dgl.ops.u_mul_e_sum(self._forward, features, self._values.to(features.dtype))
 
     def matmul_t(self, grads: torch.Tensor) -> torch.Tensor:
         return dgl.ops.u_mul_e_sum(self._backward, grads, self._values.to(grads.dtype))
 
 
-class _DGLScaled:
+class _DGLScaled(_RowSumsByProduct):
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
         off = torch.nonzero(~block.diagonal).squeeze(1)
@@ -194,7 +209,7 @@ def _csr(
     return csr_tensor(torch.searchsorted(rows, boundaries), cols, values, shape)
 
 
-class _TorchCSR:
+class _TorchCSR(_RowSumsByProduct):
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
         self._block = block

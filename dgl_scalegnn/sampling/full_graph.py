@@ -301,7 +301,8 @@ def row_chunks(
 
 
 class CSRRows:
-    """Rows ``[start, stop)`` of a CSR block as a local SpMM (forward only).
+    """Rows ``[start, stop)`` of a CSR block as a local SpMM (forward only; a
+    :class:`~dgl_scalegnn.parallel.spmm.LocalSpMM` without ``matmul_t``).
 
     With ``native`` (``parallel.native_kernels``), float32 CPU products run the native
     loop :func:`~dgl_scalegnn.parallel.cpu_kernels.csr_scaled_rows`, straight from the
@@ -373,6 +374,19 @@ class CSRRows:
             (self.num_rows, self.num_cols),
         )
         return matrix @ features
+
+    def row_sums(self, like: torch.Tensor) -> torch.Tensor:
+        """``(num_rows, 1)``: the rows times a column of ones, in ``like``'s dtype and on
+        its device; where :meth:`matmul` runs natively, the same sums without reading the
+        ones (:func:`~dgl_scalegnn.parallel.cpu_kernels.csr_row_sums`)."""
+        block = self.block
+        scales = (block.row_scale, block.col_scale)
+        lo, hi = self.entries
+        if lo != hi and self.native and cpu_kernels.usable(like, *scales):
+            return cpu_kernels.csr_row_sums(
+                block.indptr, block.indices, *scales, self.start, self.stop
+            )
+        return self.matmul(like.new_ones(self.num_cols, 1))
 
 
 def csr_row_chunks(

@@ -48,7 +48,7 @@ from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.redistribute import redistribute, redistribute_cost
 from dgl_scalegnn.parallel.spmm import LocalSpMM
 
-__all__ = ["GraphLayer", "Product", "aggregate_reference"]
+__all__ = ["GraphLayer", "Narrowed", "Product", "aggregate_reference"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,16 @@ class Product:
     spec: ShardSpec
     aggregated: torch.Tensor
     aggregated_spec: ShardSpec
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """A narrowing layer's input times its weights (:meth:`GraphLayer.narrowed_input`):
+    ``rows`` of every input row, which the SpMM reads, and ``own`` of the output rows
+    (``rows`` itself where the output is every input row)."""
+
+    rows: torch.Tensor
+    own: torch.Tensor
 
 
 def aggregate_reference(graph: dgl.DGLGraph, features: torch.Tensor, weight: str) -> torch.Tensor:
@@ -128,7 +138,7 @@ class GraphLayer(nn.Module):
         adjacency: LocalSpMM,
         own_rows: torch.Tensor | None,
         projection: InputProjection | None,
-        narrowed: torch.Tensor | None,
+        narrowed: Narrowed | None,
     ) -> Product:
         """The product of ``x`` (in ``spec``) up to the output bias; see :meth:`forward`."""
         raise NotImplementedError
@@ -185,20 +195,31 @@ class GraphLayer(nn.Module):
             and widths.width_out < widths.width_in
         )
 
+    @classmethod
+    def narrowed_width(cls, widths: LayerWidths) -> int:
+        """The columns of :meth:`narrowed_input`: those of :meth:`narrowing_weight`."""
+        return widths.width_out
+
+    def narrowing_weight(self) -> torch.Tensor:
+        """What a narrowing layer multiplies its whole input by: ``weight``, the matrix
+        whose product it aggregates (a type with more terms in :math:`X` appends theirs)."""
+        return self.params["weight"]
+
     def narrowed_input(
         self, x: torch.Tensor, spec: ShardSpec, projection: InputProjection | None
     ) -> torch.Tensor | None:
-        """:math:`X W` for every row of ``x`` (in ``spec``) where the layer aggregates it
-        instead of :math:`X` (:meth:`narrows_first`, and no gradient through ``x``);
-        ``None`` elsewhere. A chunked evaluation computes it once for all the layer's
-        chunks."""
+        """:math:`X W` (:meth:`narrowing_weight`) for every row of ``x`` (in ``spec``)
+        where the layer aggregates it instead of :math:`X` (:meth:`narrows_first`, and no
+        gradient through ``x``); ``None`` elsewhere. A chunked evaluation computes it once
+        for all the layer's chunks."""
         widths, runtime = self.widths, self.runtime
         if x.requires_grad or not self.narrows_first(
             widths, runtime.grid.shape.tp_size, projection is not None
         ):
             return None
         input_spec = spec.with_layout(spec.layout, widths.width_in)
-        return parallel_linear(x, self.params["weight"], input_spec, widths.width_out, runtime)[0]
+        width = self.narrowed_width(widths)
+        return parallel_linear(x, self.narrowing_weight(), input_spec, width, runtime)[0]
 
     @classmethod
     def parameter_shards(
@@ -223,7 +244,7 @@ class GraphLayer(nn.Module):
         step: int,
         own_rows: torch.Tensor | None = None,
         projection: InputProjection | None = None,
-        narrowed: torch.Tensor | None = None,
+        narrowed: Narrowed | None = None,
     ) -> tuple[torch.Tensor, ShardSpec]:
         """``x`` in ``spec`` (layout :attr:`layout`) -> the layer's output and its spec.
 
@@ -233,11 +254,13 @@ class GraphLayer(nn.Module):
         ``projection`` (one TP rank only, where every layout is the whole matrix) ``x``
         is the features and the layer input their projection, applied after the
         aggregation (:meth:`aggregate`) so that the projected features are never whole.
-        ``narrowed`` is :meth:`narrowed_input` of ``x``, computed here where the block's
-        output rows are all its input rows (training; an evaluation in one chunk).
+        ``narrowed`` is :meth:`narrowed_input` of ``x`` and of the output rows, computed
+        here where the block's output rows are all its input rows (training; an
+        evaluation in one chunk).
         """
         if narrowed is None and adjacency.num_rows == x.shape[0]:
-            narrowed = self.narrowed_input(x, spec, projection)
+            whole = self.narrowed_input(x, spec, projection)
+            narrowed = None if whole is None else Narrowed(whole, whole)
         product = self.product(x, spec, adjacency, own_rows, projection, narrowed)
         out_spec, runtime = product.spec, self.runtime
         hidden = add_bias(product.hidden, self.params.get("bias"), out_spec, runtime)

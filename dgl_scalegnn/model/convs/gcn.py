@@ -20,7 +20,7 @@ from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.core.schedule import GCN_KIND, LayerWidths, ParamShard
-from dgl_scalegnn.model.convs.base import GraphLayer, Product, aggregate_reference
+from dgl_scalegnn.model.convs.base import GraphLayer, Narrowed, Product, aggregate_reference
 from dgl_scalegnn.model.layers import InputProjection
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.parallel.products import linear_cost, parallel_linear, parallel_spmm, spmm_cost
@@ -62,13 +62,13 @@ class GCNLayer(GraphLayer):
         adjacency: LocalSpMM,
         own_rows: torch.Tensor | None,
         projection: InputProjection | None,
-        narrowed: torch.Tensor | None,
+        narrowed: Narrowed | None,
     ) -> Product:
         widths, runtime, weight = self.widths, self.runtime, self.params["weight"]
         if narrowed is not None:
             # (Ã X) W = Ã (X W); one TP rank: every layout is the whole matrix, no collective.
             narrow = spec.with_layout(spec.layout, widths.width_out)
-            hidden = parallel_spmm(narrowed, adjacency, narrow, runtime)[0]
+            hidden = parallel_spmm(narrowed.rows, adjacency, narrow, runtime)[0]
             aggregated_spec = spec.with_layout(spec.layout.after_spmm())
             out_spec = aggregated_spec.with_layout(
                 aggregated_spec.layout.after_linear(), widths.width_out

@@ -27,7 +27,7 @@ from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.core.schedule import LayerKind, LayerWidths, ParamShard
-from dgl_scalegnn.model.convs.base import GraphLayer, Product, aggregate_reference
+from dgl_scalegnn.model.convs.base import GraphLayer, Narrowed, Product, aggregate_reference
 from dgl_scalegnn.model.layers import InputProjection
 from dgl_scalegnn.model.parameters import add_bias
 from dgl_scalegnn.parallel.norm import reduce_grad, reduce_grad_cost
@@ -90,7 +90,7 @@ class GINLayer(GraphLayer):
         adjacency: LocalSpMM,
         own_rows: torch.Tensor | None,
         projection: InputProjection | None,
-        narrowed: torch.Tensor | None,
+        narrowed: Narrowed | None,
     ) -> Product:
         runtime, cfg = self.runtime, self.cfg
         aggregated, aggregated_spec = self.aggregate(x, spec, adjacency, projection)
