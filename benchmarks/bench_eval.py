@@ -3,8 +3,8 @@ the forward's own model and on ours.
 
 DGL's forward (two ``SAGEConv`` mean calls over the whole graph, hidden 128: what a
 user with enough memory runs to evaluate; :func:`benchmarks.bench_growth.forward_main`)
-is set beside, each in its own process on one core pair, timed twice with its peak
-resident memory (imports included):
+is set beside, each in its own process on one core pair, timed :data:`ROUNDS` times with
+its peak resident memory (imports included):
 
 ``dgl_scalegnn, the forward's model``
     our layer-wise evaluation in row chunks of the same model (:data:`FORWARD_MODEL`:
@@ -16,8 +16,10 @@ resident memory (imports included):
     the same evaluation of the preset's model (``yaml/synthetic-1m.yaml``,
     ``yaml/products-like-1m.yaml``), as ``make bench-growth`` runs it.
 
-The faster of the two rounds is reported (DGL's first builds the graph's sparse formats;
-ours touches fresh pages), for every method alike. Graphs: the presets of
+The fastest round is reported (DGL's first builds the graph's sparse formats; ours
+touches fresh pages; and every round's fresh whole-graph buffers cost what the kernel
+takes to find them huge pages, which varied 0.05-0.6 s a round for one 512 MB buffer
+here), for every method alike. Graphs: the presets of
 :mod:`benchmarks.scale_presets`, generated and prepared once as ``make bench-growth``
 does (:func:`benchmarks.bench_growth.setup_graph`).
 
@@ -61,7 +63,7 @@ FORWARD_MODEL = {
     "model.bias": "true",
     "model.dropout": 0,
 }
-ROUNDS = 2
+ROUNDS = 3
 METHODS = (
     "DGL full-graph forward",
     "dgl_scalegnn, the forward's model",
@@ -119,7 +121,7 @@ def run_method(
 ) -> dict[str, Any]:
     """One of :data:`METHODS` on ``graph``, in its own process."""
     if method == METHODS[0]:
-        return bench_growth.run_forward(graph, size, log_dir)
+        return bench_growth.run_forward(graph, size, log_dir, ROUNDS)
     if method == METHODS[1]:
         return run_ours(graph, FORWARD_MODEL, f"sage-{size.name}", log_dir)
     return run_ours(graph, {}, f"preset-{size.name}", log_dir)
@@ -139,7 +141,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     | sparse-1000000 | dgl_scalegnn, the forward's model | 0.40, 0.35 | 1,080 | 0.50x | 0.40x |
     """
     lines = [
-        "| graph | method | s per round (first, second) | peak MB | time / forward's "
+        "| graph | method | s per round, in order | peak MB | time / forward's "
         "| memory / forward's |",
         "|---|---|---|---|---|---|",
     ]
@@ -184,7 +186,7 @@ def main() -> dict[str, Any]:
         "# Full-graph evaluation against DGL's full-graph forward (`make bench-eval`)",
         "",
         "One process each, 2 cores; peak resident memory with imports. The forward's "
-        "model: two SAGE-mean layers, hidden 128, biases. The ratios take the faster "
+        "model: two SAGE-mean layers, hidden 128, biases. The ratios take the fastest "
         "round of each.",
         "",
         *table(rows),

@@ -324,7 +324,8 @@ def _load_saved(path: Path, preset: str):
 
 def forward_main(spec_path: str) -> int:
     """Inside a child: DGL's plain full-graph forward, two ``SAGEConv`` calls over the
-    whole graph (hidden 128), timed twice; the result beside the spec."""
+    whole graph (hidden 128), timed ``rounds`` times (the spec's, default 2); the result
+    beside the spec."""
     import torch
 
     from dgl_scalegnn._dgl import dgl
@@ -340,7 +341,7 @@ def forward_main(spec_path: str) -> int:
     ]
     rounds = []
     with torch.no_grad():
-        for _ in range(2):
+        for _ in range(spec.get("rounds", 2)):
             start = time.perf_counter()
             hidden = torch.relu(layers[0](graph, features))
             logits = layers[1](graph, hidden)
@@ -780,8 +781,10 @@ def run_child(
     return json.loads(result_path.read_text())
 
 
-def run_forward(graph: bench_scale.Graph, size: GrowthSize, log_dir: Path) -> dict[str, Any]:
-    spec = {"graph": str(graph.dgl_file), "preset": size.preset}
+def run_forward(
+    graph: bench_scale.Graph, size: GrowthSize, log_dir: Path, rounds: int = 2
+) -> dict[str, Any]:
+    spec = {"graph": str(graph.dgl_file), "preset": size.preset, "rounds": rounds}
     result = run_child("benchmarks.bench_growth", "forward", f"forward-{size.name}", spec, log_dir)
     return {
         "processes": 1,

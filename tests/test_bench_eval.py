@@ -25,8 +25,9 @@ def test_the_forward_model_has_the_parameters_of_dgls_forward() -> None:
     assert ours == expected
 
 
-def test_the_child_evaluates_a_prepared_graph_twice(tmp_path) -> None:
+def test_the_child_evaluates_a_prepared_graph_every_round(tmp_path) -> None:
     graph = small_prepared_graph(tmp_path)
     result = bench_eval.run_ours(graph, bench_eval.FORWARD_MODEL, "sage", tmp_path)
-    assert len(result["eval_s_rounds"]) == 2 and result["eval_s"] == min(result["eval_s_rounds"])
+    assert len(result["eval_s_rounds"]) == bench_eval.ROUNDS
+    assert result["eval_s"] == min(result["eval_s_rounds"])
     assert result["max_rss_mb"][0] >= result["loaded_mb"] > 100

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -228,13 +229,13 @@ def test_layerwise_evaluation_matches_whole_graph(grid, prepared, tmp_path):
 def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monkeypatch):
     """One TP rank, chunks of 7 rows, DGL's two SAGE layers: the layer 11 -> 13 aggregates
     its 11 columns, the layer 13 -> 5 its input times its weight, 5 columns, in every
-    chunk, from one product of the whole input by ``[W | W_self]`` (10 columns); the
-    neighbour counts are the blocks' row sums, never an SpMM. Switched off, the second
+    chunk, from one product of the whole input by ``[W | W_self]`` (10 columns), after
+    which the input is freed; the neighbour counts are the blocks' row sums, never an
+    SpMM. Switched off, the second
     layer aggregates 13 columns, and the logits agree."""
     from dgl_scalegnn.distributed.comm import Runtime
     from dgl_scalegnn.model.convs import base, sage
     from dgl_scalegnn.model.full_graph import full_graph_forward
-    from dgl_scalegnn.sampling.full_graph import CSRRows
     from dgl_scalegnn.train.metrics import MetricsWriter
     from dgl_scalegnn.train.trainer import Trainer
 
@@ -259,24 +260,34 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
     spy(base)
     spy(sage)
     narrowed_input, counted = sage.SAGELayer.narrowed_input, CSRRows.row_sums
+    product, inputs_alive = sage.SAGELayer.product, []
+    narrowed_inputs: list[weakref.ref] = []
 
-    def narrowing(layer, *args):
-        out = narrowed_input(layer, *args)
+    def narrowing(layer, x, *args):
+        out = narrowed_input(layer, x, *args)
         if out is not None:
             narrowed_shapes.append(tuple(out.shape))
+            narrowed_inputs.append(weakref.ref(x))
         return out
+
+    def producing(layer, *args):
+        if args[-1] is not None:  # narrowed: its input is freed by now
+            inputs_alive.append(narrowed_inputs[-1]() is not None)
+        return product(layer, *args)
 
     def counting(rows, like):
         row_sums.append(rows.num_rows)
         return counted(rows, like)
 
     monkeypatch.setattr(sage.SAGELayer, "narrowed_input", narrowing)
+    monkeypatch.setattr(sage.SAGELayer, "product", producing)
     monkeypatch.setattr(CSRRows, "row_sums", counting)
     chunks = -(-GRAPH["num_nodes"] // CHUNK_ROWS)
     with torch.no_grad():
         narrowed, _ = full_graph_forward(model, graph, CHUNK_ROWS)
         assert widths == [11] * chunks + [5] * chunks
         assert narrowed_shapes == [(GRAPH["num_nodes"], 10)]
+        assert inputs_alive == [False] * chunks
         assert len(row_sums) == 2 * chunks and sum(row_sums) == 2 * GRAPH["num_nodes"]
         widths.clear()
         monkeypatch.setattr(sage.SAGELayer, "aggregates_narrowed", False)

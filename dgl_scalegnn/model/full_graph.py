@@ -9,7 +9,8 @@ the first layer reads the features themselves (no copy) and applies the input
 projection after its aggregation, :math:`(A X) W_{in}`: the projected features are
 never whole, and the SpMM reads :math:`d_{in}` columns. There, too, a layer that narrows
 (:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.narrows_first`) multiplies its whole
-input by its weights once, and every chunk aggregates that narrower matrix.
+input by its weights once, frees the input, and every chunk aggregates that narrower
+matrix.
 
 No chunk waits for the device: a chunk's rows and their split are known on the host,
 and each layer reads the entry ranges of all its chunks' CSR rows at once (one wait per
@@ -145,8 +146,11 @@ def full_graph_forward(
     projection = model.input_layer if buffers.fold else None
     for layer, out_spec in zip(model.layers, buffers.outputs):
         head = model.head if layer is model.layers[-1] else None
-        # the layer's input is freed once its output is complete
-        hidden = _layer(model, graph, layer, hidden, spec, out_spec, chunk_rows, head, projection)
+        # _layer takes the only reference: the input is freed once the output is
+        # complete, or once narrowed
+        taken = [hidden]
+        del hidden
+        hidden = _layer(model, graph, layer, taken, spec, out_spec, chunk_rows, head, projection)
         spec, projection = out_spec, None
     return hidden, spec
 
@@ -192,7 +196,7 @@ def _layer(
     model: ParallelScaleGNN,
     graph: FullGraph,
     layer: GraphLayer,
-    layer_input: torch.Tensor,
+    taken: list[torch.Tensor],
     spec: ShardSpec,
     out_spec: ShardSpec,
     chunk_rows: int,
@@ -200,9 +204,12 @@ def _layer(
     projection: InputProjection | None,
 ) -> torch.Tensor:
     """``layer`` (then ``head``, if given) on the whole graph, one chunk of output rows
-    at a time, into a matrix of ``out_spec``; with ``projection`` the layer input is the
-    projection of ``layer_input``
-    (see :meth:`~dgl_scalegnn.model.convs.base.GraphLayer.forward`)."""
+    at a time, into a matrix of ``out_spec``, from the layer input that ``taken`` holds
+    (the list is emptied, so that the input is freed here); with ``projection`` the layer
+    input is the projection of it
+    (see :meth:`~dgl_scalegnn.model.convs.base.GraphLayer.forward`). A layer that
+    narrows reads only its narrowed input (:meth:`~dgl_scalegnn.model.convs.base.
+    GraphLayer.narrowed_input`), which takes the input's place."""
     grid = model.runtime.grid
     coords = grid.coords
     layout = spec.layout
@@ -210,20 +217,20 @@ def _layer(
     count = chunk_count(spec.rows.num_nodes, grid.shape.size(out_spec.layout.rows), chunk_rows)
     native = model.layer_tail.native  # the model's one switch for its native kernels
     adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count, native)
+    layer_input = taken.pop()
     narrowed = layer.narrowed_input(layer_input, spec, projection)  # once for every chunk
+    if narrowed is not None:
+        layer_input = narrowed  # the input is freed here
 
     def compute(chunk: RowChunk) -> torch.Tensor:
         # The SpMM reads every input row; the spec only carries the layout and names the
         # chunk's rows, which the output keeps.
         input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
         own_rows = chunk.rows_of(layer_input, layout.rows, coords, input_start)
-        own_narrowed = None
-        if narrowed is not None:
-            own = chunk.rows_of(narrowed, layout.rows, coords, input_start)
-            own_narrowed = Narrowed(narrowed, own)
+        rows = None if narrowed is None else Narrowed(narrowed, own_rows)
         adjacency = adjacency_chunks[chunk.index]
         out, layer_spec = layer(
-            layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection, own_narrowed
+            layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection, rows
         )
         return out if head is None else head(out, layer_spec)[0]
 

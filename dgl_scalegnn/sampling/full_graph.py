@@ -142,19 +142,23 @@ class ChunkMemory:
 def buffer_peak(sizes: Sequence[float], input_owned: bool, narrowed: Sequence[float] = ()) -> float:
     """Peak bytes of the whole-graph matrices of a layer-wise forward, whose ``sizes`` are
     the first layer's input then each layer's output: a layer holds its input and its
-    output at once (the input is freed when the output is complete), and its input times
-    its weight where it aggregates that (``narrowed``, per layer; none by default); the
-    first input counts only where the forward made it (``input_owned``), not where it
-    reads the features in place.
+    output at once (the input is freed when the output is complete). A layer that
+    aggregates its input times its weights (``narrowed``, per layer; none by default)
+    holds its input and that product, then frees the input and holds the product and
+    its output. The first input counts only where the forward made it
+    (``input_owned``), not where it reads the features in place.
 
     >>> buffer_peak([100, 40, 8], input_owned=True), buffer_peak([100, 40, 8], input_owned=False)
     (140, 48)
-    >>> buffer_peak([100, 40, 8], input_owned=False, narrowed=[0, 8])
-    56
+    >>> buffer_peak([100, 40, 30], input_owned=False, narrowed=[0, 10])
+    50
     """
     held = [sizes[0] if input_owned else 0, *sizes[1:-1]]
     extra = [*narrowed, *[0] * (len(held) - len(narrowed))]
-    return max(given + made + more for given, made, more in zip(held, sizes[1:], extra))
+    return max(
+        more + max(given, made) if more else given + made
+        for given, made, more in zip(held, sizes[1:], extra)
+    )
 
 
 def chunk_rows_for(device: torch.device | str, tp_size: int, memory: ChunkMemory) -> int:

@@ -92,7 +92,9 @@ class GraphLayer(nn.Module):
     #: What the schedule needs of this layer type (overridden by each type).
     kind: ClassVar[LayerKind] = GCN_KIND
     #: Whether the type's product has a term :math:`(A X) W` (parameter ``weight``) that
-    #: it can aggregate as :math:`A (X W)` (:meth:`narrows_first`).
+    #: it can aggregate as :math:`A (X W)` (:meth:`narrows_first`). Its :meth:`product`
+    #: given ``narrowed`` then reads neither ``x`` nor ``own_rows``: a chunked evaluation
+    #: frees the input once narrowed and passes the narrowed matrix in its place.
     aggregates_narrowed: ClassVar[bool] = False
 
     def __init__(
