@@ -311,8 +311,9 @@ class CSRRows:
     With ``native`` (``parallel.native_kernels``), float32 CPU products run the native
     loop :func:`~dgl_scalegnn.parallel.cpu_kernels.csr_scaled_rows`, straight from the
     block: :math:`r_i \\sum_j c_j x_j` per row, no copy. On the sparse 1M graph's block
-    (10.9M entries, 2 cores) it took 0.25 s at width 64 and 0.43 s at width 128, where
-    the torch CSR below took 0.53 s and 0.88 s.
+    (9.9M entries, 2 cores, in chunks of 32Ki rows) it took 0.16-0.19 s at width 64 and
+    0.33-0.35 s at width 128 once it requested rows ahead (0.21-0.24 and 0.45-0.49 s
+    before); the torch CSR below took 0.53 s and 0.88 s in an earlier build of the block.
 
     Otherwise each product gets a CSR of its own: the rows' pointers rebased to start at 0 (and
     cast to the index dtype, which torch requires to match), a copy of their entries'
