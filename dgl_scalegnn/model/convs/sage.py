@@ -8,7 +8,7 @@ the 3D PMM grid.
 
 with :math:`A` the graph without self loops (``sum`` normalisation): the mean is the
 ratio of two sums over the same block, :math:`A X` and the neighbour count
-:math:`A \\mathbf 1` (an SpMM of one column, without backward). An isolated vertex
+:math:`A \\mathbf 1` (the block's row sums, without backward). An isolated vertex
 aggregates 0, as in DGL.
 
 **Under uniform vertex sampling** the ratio over the sampled block is the mean over the
