@@ -520,14 +520,20 @@ def add_row_scaled(grad_x: torch.Tensor, x: torch.Tensor, row_grad: torch.Tensor
     return grad_x
 
 
-def _check_csr(name: str, indptr: torch.Tensor, indices: torch.Tensor, start: int, stop: int):
-    """Refuse index arrays the CSR kernels cannot read, or rows outside the block."""
+def _csr_arrays(
+    name: str, arrays: tuple[torch.Tensor, ...], start: int, stop: int
+) -> tuple[torch.Tensor, ...]:
+    """A block's ``(indptr, indices, row_scale, col_scale)`` as the CSR kernels read them
+    (contiguous; arrays already so, as a block's are, are not copied), after refusing
+    index arrays they cannot read or rows outside the block."""
+    indptr, indices = arrays[:2]
     if indptr.dtype != torch.int64 or indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(
             f"{name}: indptr int64 and indices int32/int64, got {indptr.dtype} and {indices.dtype}"
         )
     if not 0 <= start <= stop < indptr.numel():
         raise IndexError(f"{name}: rows [{start}, {stop}) of {indptr.numel() - 1}")
+    return tuple(t.contiguous() for t in arrays)
 
 
 def csr_scaled_rows(
@@ -544,11 +550,9 @@ def csr_scaled_rows(
     ``col_scale`` :math:`c`) times ``x`` ``(num_cols, D)``: ``(stop - start, D)``,
     :math:`r_i \\sum_j c_j x_j` row by row, without a value array or a CSR copy. ``x``
     is read in place where its rows are contiguous, as those of a column slice are."""
-    _check_csr("csr_scaled_rows", indptr, indices, start, stop)
-    # bound to names: a copy made here must outlive the call (arrays already contiguous,
-    # as a block's are, are not copied)
-    indptr, indices, row_scale, col_scale = (
-        t.contiguous() for t in (indptr, indices, row_scale, col_scale)
+    # bound to names: a copy made here must outlive the call
+    indptr, indices, row_scale, col_scale = _csr_arrays(
+        "csr_scaled_rows", (indptr, indices, row_scale, col_scale), start, stop
     )
     if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
         x = x.contiguous()
@@ -582,9 +586,8 @@ def csr_row_sums(
     """:func:`csr_scaled_rows` of a column of ones, ``(stop - start, 1)``, the same sums
     in the same order without reading a ``(num_cols, 1)`` operand:
     :math:`r_i \\sum_j c_j` (a SAGE layer's neighbour count)."""
-    _check_csr("csr_row_sums", indptr, indices, start, stop)
-    indptr, indices, row_scale, col_scale = (
-        t.contiguous() for t in (indptr, indices, row_scale, col_scale)
+    indptr, indices, row_scale, col_scale = _csr_arrays(
+        "csr_row_sums", (indptr, indices, row_scale, col_scale), start, stop
     )
     out = row_scale.new_empty(stop - start, 1)
     _call(

@@ -43,6 +43,7 @@ from dgl_scalegnn.config import CPU_ONLY_KERNELS, SPMM_KERNELS, registry
 __all__ = [
     "BlockCOO",
     "LocalSpMM",
+    "RowSumsByProduct",
     "build_local_spmm",
     "SPMM_KERNELS",
     "CPU_ONLY_KERNELS",
@@ -106,7 +107,7 @@ class LocalSpMM(Protocol):
         on its device (no gradient)."""
 
 
-class _RowSumsByProduct:
+class RowSumsByProduct:
     """:meth:`LocalSpMM.row_sums` as the product with a column of ones."""
 
     num_cols: int
@@ -121,7 +122,7 @@ def _aggregation_block(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_d
     return dgl.create_block((src, dst), num_src_nodes=num_src, num_dst_nodes=num_dst)
 
 
-class _DGLWeighted(_RowSumsByProduct):
+class _DGLWeighted(RowSumsByProduct):
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
         self._forward = _aggregation_block(block.cols, block.rows, block.num_cols, block.num_rows)
@@ -136,7 +137,7 @@ class _DGLWeighted(_RowSumsByProduct):
         return dgl.ops.u_mul_e_sum(self._backward, grads, self._values.to(grads.dtype))
 
 
-class _DGLScaled(_RowSumsByProduct):
+class _DGLScaled(RowSumsByProduct):
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
         off = torch.nonzero(~block.diagonal).squeeze(1)
@@ -209,7 +210,7 @@ def _csr(
     return csr_tensor(torch.searchsorted(rows, boundaries), cols, values, shape)
 
 
-class _TorchCSR(_RowSumsByProduct):
+class _TorchCSR(RowSumsByProduct):
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
         self._block = block

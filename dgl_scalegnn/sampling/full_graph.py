@@ -35,7 +35,7 @@ from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.core.layout import Axis, Plane, split_bounds
 from dgl_scalegnn.parallel import cpu_kernels
 from dgl_scalegnn.parallel.partition import RowPartition
-from dgl_scalegnn.parallel.spmm import csr_tensor
+from dgl_scalegnn.parallel.spmm import RowSumsByProduct, csr_tensor
 from dgl_scalegnn.sampling.blocks import CSRBlock
 
 __all__ = [
@@ -304,7 +304,7 @@ def row_chunks(
         )
 
 
-class CSRRows:
+class CSRRows(RowSumsByProduct):
     """Rows ``[start, stop)`` of a CSR block as a local SpMM (forward only; a
     :class:`~dgl_scalegnn.parallel.spmm.LocalSpMM` without ``matmul_t``).
 
@@ -360,10 +360,15 @@ class CSRRows:
         lo, hi = self.entries
         if lo == hi or self.num_cols == 0:
             return features.new_zeros(self.num_rows, features.shape[1])
-        scales = (block.row_scale, block.col_scale)
-        if self.native and cpu_kernels.usable(features, *scales):  # float32 on the CPU
+        if self._runs_natively(features):
             return cpu_kernels.csr_scaled_rows(
-                block.indptr, block.indices, *scales, features, self.start, self.stop
+                block.indptr,
+                block.indices,
+                block.row_scale,
+                block.col_scale,
+                features,
+                self.start,
+                self.stop,
             )
         crow = block.indptr[self.start : self.stop + 1] - lo
         indices = block.indices[lo:hi].clone()
@@ -384,14 +389,18 @@ class CSRRows:
         """``(num_rows, 1)``: the rows times a column of ones, in ``like``'s dtype and on
         its device; where :meth:`matmul` runs natively, the same sums without reading the
         ones (:func:`~dgl_scalegnn.parallel.cpu_kernels.csr_row_sums`)."""
+        if not self._runs_natively(like):
+            return super().row_sums(like)
         block = self.block
-        scales = (block.row_scale, block.col_scale)
-        lo, hi = self.entries
-        if lo != hi and self.native and cpu_kernels.usable(like, *scales):
-            return cpu_kernels.csr_row_sums(
-                block.indptr, block.indices, *scales, self.start, self.stop
-            )
-        return self.matmul(like.new_ones(self.num_cols, 1))
+        return cpu_kernels.csr_row_sums(
+            block.indptr, block.indices, block.row_scale, block.col_scale, self.start, self.stop
+        )
+
+    def _runs_natively(self, operand: torch.Tensor) -> bool:
+        """Whether the native loops take a product with ``operand``: native kernels on,
+        float32 on the CPU."""
+        block = self.block
+        return self.native and cpu_kernels.usable(operand, block.row_scale, block.col_scale)
 
 
 def csr_row_chunks(
