@@ -518,9 +518,10 @@ def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
     """Peak bytes of the whole-graph matrices a full-graph evaluation holds on ``rank``
     (:func:`~dgl_scalegnn.sampling.full_graph.buffer_peak` of the first layer's input
     and each layer's output, float32): on one TP rank the first layer reads the
-    features in place and projects its aggregation, and a layer that narrows holds its
-    input times its weight too; elsewhere the input (projected or moved to the first
-    layer's layout) is a matrix of its own.
+    features in place and projects its aggregation, and a layer that narrows takes its
+    input times its weight in the input's place (made chunk by chunk by the layer before;
+    a first layer holds both for a while); elsewhere the input (projected or moved to the
+    first layer's layout) is a matrix of its own.
 
     >>> from dgl_scalegnn.distributed.grid import GridShape
     >>> from dgl_scalegnn.config import ModelConfig

@@ -230,27 +230,67 @@ def test_csr_scaled_rows_takes_strided_inputs_and_refuses_rows_past_the_block():
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_csr_kernels_at_every_width_read_column_slices_in_place(index_dtype):
-    """The SpMM loop at its specialised widths (8 to 128) and others, reading ``x`` as a
-    column slice of a wider matrix, against a dense product; a row of 40 entries makes
-    the look-ahead cross rows. The row sums are the SpMM of a column of ones, bit for
-    bit, and the dense row sums."""
+    """The SpMM loop at its accumulator widths (8 to 128, padded reads), across panels of
+    128 columns, and at widths in between, reading ``x`` as a column slice of a wider
+    matrix and whole, against a dense product; a row of 40 entries makes the look-ahead
+    cross rows. Scales given as ``None`` (all ones) give the product with ones, bit for
+    bit. The row sums are the SpMM of a column of ones, bit for bit, and the dense row
+    sums; without scales, the rows' entry counts."""
     generator = torch.Generator().manual_seed(1)
     dense = (torch.rand(50, 60, generator=generator) < 0.2).float()
     dense[7] = (torch.rand(60, generator=generator) < 0.7).float()  # a high-degree row
+    dense[:, 59] = 1.0  # every row reads x's last row, where a padded read must stop
     row_scale, col_scale = torch.rand(50, generator=generator), torch.rand(60, generator=generator)
     crow = torch.cat([torch.zeros(1, dtype=torch.int64), dense.sum(1).cumsum(0).long()])
     indices = dense.nonzero()[:, 1].to(index_dtype)
     matrix = row_scale[:, None] * dense * col_scale[None, :]
-    for width in (1, 5, 8, 16, 32, 64, 100, 128):
+    ones_50, ones_60 = torch.ones(50), torch.ones(60)
+    for width in (1, 5, 8, 16, 32, 47, 64, 100, 128, 129, 300):
         wide = torch.randn(60, width + 3, generator=generator)
-        x = wide[:, 2 : 2 + width]  # rows width + 3 apart
-        got = cpu_kernels.csr_scaled_rows(crow, indices, row_scale, col_scale, x, 3, 50)
-        torch.testing.assert_close(got, (matrix @ x)[3:50])
+        for x in (wide[:, 2 : 2 + width], wide[:, 3:].contiguous()):  # rows width + 3 apart
+            got = cpu_kernels.csr_scaled_rows(crow, indices, row_scale, col_scale, x, 3, 50)
+            torch.testing.assert_close(got, (matrix @ x)[3:50])
+            unit = cpu_kernels.csr_scaled_rows(crow, indices, None, None, x, 3, 50)
+            scaled_by_ones = cpu_kernels.csr_scaled_rows(crow, indices, ones_50, ones_60, x, 3, 50)
+            assert torch.equal(unit, scaled_by_ones), width
+            torch.testing.assert_close(unit, (dense @ x)[3:50])
     sums = cpu_kernels.csr_row_sums(crow, indices, row_scale, col_scale, 3, 50)
     ones = cpu_kernels.csr_scaled_rows(
         crow, indices, row_scale, col_scale, torch.ones(60, 1), 3, 50
     )
     assert torch.equal(sums, ones)
     torch.testing.assert_close(sums[:, 0], matrix.sum(1)[3:50])
+    counts = cpu_kernels.csr_row_sums(crow, indices, None, None, 3, 50)
+    assert torch.equal(counts[:, 0], dense.sum(1)[3:50])
     with pytest.raises(IndexError, match="rows"):
         cpu_kernels.csr_row_sums(crow, indices, row_scale, col_scale, 3, 51)
+    with pytest.raises(ValueError, match="both scales"):
+        cpu_kernels.csr_row_sums(crow, indices, row_scale, None, 3, 50)
+
+
+# x's 47-column rows end where an inaccessible page begins: a read of the padding
+# columns past x's last row would fault (a crash of the child, not of the test run).
+_GUARD_PAGE_CHILD = """
+import ctypes, mmap, torch
+from dgl_scalegnn.parallel import cpu_kernels
+page = mmap.PAGESIZE
+memory = mmap.mmap(-1, 2 * page)
+start = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(start + page), page, 0) == 0
+floats = torch.frombuffer(memory, dtype=torch.float32, count=page // 4)
+rows, width = 9, 47
+x = floats[page // 4 - rows * width :].view(rows, width)
+x.copy_(torch.randn(rows, width))
+crow = torch.arange(rows + 1, dtype=torch.int64) * rows
+indices = torch.arange(rows, dtype=torch.int32).repeat(rows)
+got = cpu_kernels.csr_scaled_rows(crow, indices, None, None, x, 0, rows)
+torch.testing.assert_close(got, x.sum(0).expand(rows, width))
+print("read inside x")
+"""
+
+
+def test_padded_reads_stop_at_the_end_of_x():
+    child = subprocess.run(
+        [sys.executable, "-c", _GUARD_PAGE_CHILD], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 0 and "read inside x" in child.stdout, child.stderr

@@ -82,7 +82,8 @@ VARIANTS = {
         "head": False,
     },
     # DGL's two SAGEConv layers: the second narrows (13 -> 5), so on one TP rank every
-    # chunk aggregates its input times the weight, computed once for all chunks
+    # chunk aggregates its input times the weight, which the first layer makes chunk by
+    # chunk
     "sage2-narrow": {"conv": "sage", **BARE, "bias": True},
 }
 CHUNK_ROWS = 7
@@ -141,6 +142,34 @@ def test_csr_row_chunks_multiply_like_the_dense_block(prepared, monkeypatch, nat
             torch.testing.assert_close(got, expected[start:stop])
             products += chunk.entries[0] < chunk.entries[1]  # an empty chunk needs no kernel
     assert products > 0 and len(native_calls) == (products if native else 0)
+
+
+def test_sum_blocks_skip_their_unit_scales(prepared, monkeypatch):
+    """The store marks the sum normalisation's blocks (ones for scales), and only those;
+    their native products and row sums skip the scales (``None``), with the dense
+    block's values."""
+    passed_scales = []
+    kernel = cpu_kernels.csr_scaled_rows
+
+    def recording(indptr, indices, row_scale, col_scale, *args):
+        passed_scales.append(row_scale is None and col_scale is None)
+        return kernel(indptr, indices, row_scale, col_scale, *args)
+
+    monkeypatch.setattr(cpu_kernels, "csr_scaled_rows", recording)
+    grid = Grid4D.view(GridShape.parse("1x1x1x1"), 0)
+    for kind, unit in (
+        (layer_kind(ModelConfig(conv="sage")), True),
+        (layer_kind(ModelConfig()), False),
+    ):
+        block = next(iter(RankStore(prepared, grid, num_layers=2, kind=kind).blocks.values()))
+        assert block.unit_scales is unit
+        assert unit == bool((block.row_scale == 1).all() and (block.col_scale == 1).all())
+        dense = full_block(block).dense()
+        features = torch.randn(dense.shape[1], 6)
+        chunk = CSRRows(block, 4, 40, native=True)
+        torch.testing.assert_close(chunk.matmul(features), (dense @ features)[4:40])
+        torch.testing.assert_close(chunk.row_sums(features)[:, 0], dense.sum(1)[4:40])
+        assert passed_scales[-1] is unit
 
 
 def test_one_process_keeps_one_block_for_all_planes(prepared):
@@ -229,13 +258,15 @@ def test_layerwise_evaluation_matches_whole_graph(grid, prepared, tmp_path):
 def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monkeypatch):
     """One TP rank, chunks of 7 rows, DGL's two SAGE layers: the layer 11 -> 13 aggregates
     its 11 columns, the layer 13 -> 5 its input times its weight, 5 columns, in every
-    chunk, from one product of the whole input by ``[W | W_self]`` (10 columns), after
-    which the input is freed; the neighbour counts are the blocks' row sums, never an
-    SpMM. Switched off, the second
-    layer aggregates 13 columns, and the logits agree."""
+    chunk. The first layer multiplies each 7-row chunk of its output by ``[W | W_self]``
+    (10 columns) as it is made, so its 13-column output is never whole: the whole-graph
+    matrices made are 10 then 5 columns wide, and each chunk's output is freed by the
+    time the second layer runs. The neighbour counts are the blocks' row sums, never an
+    SpMM. Switched off, the second layer aggregates 13 columns of a whole 13-column
+    output, and the logits agree."""
     from dgl_scalegnn.distributed.comm import Runtime
+    from dgl_scalegnn.model import full_graph
     from dgl_scalegnn.model.convs import base, sage
-    from dgl_scalegnn.model.full_graph import full_graph_forward
     from dgl_scalegnn.train.metrics import MetricsWriter
     from dgl_scalegnn.train.trainer import Trainer
 
@@ -245,6 +276,7 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
     trainer.train_step(trainer.sample(0))
     model, graph = trainer.model.eval(), trainer.store.full_graph()
     widths: list[int] = []
+    made_widths: list[int] = []
     narrowed_shapes: list[tuple[int, ...]] = []
     row_sums: list[int] = []
 
@@ -262,6 +294,7 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
     narrowed_input, counted = sage.SAGELayer.narrowed_input, CSRRows.row_sums
     product, inputs_alive = sage.SAGELayer.product, []
     narrowed_inputs: list[weakref.ref] = []
+    by_row_chunks = full_graph._by_row_chunks
 
     def narrowing(layer, x, *args):
         out = narrowed_input(layer, x, *args)
@@ -271,28 +304,37 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
         return out
 
     def producing(layer, *args):
-        if args[-1] is not None:  # narrowed: its input is freed by now
-            inputs_alive.append(narrowed_inputs[-1]() is not None)
+        if args[-1] is not None:  # narrowed: every chunk of its input is freed by now
+            inputs_alive.append(any(ref() is not None for ref in narrowed_inputs))
         return product(layer, *args)
 
     def counting(rows, like):
         row_sums.append(rows.num_rows)
         return counted(rows, like)
 
+    def making(model, spec, *args):
+        made_widths.append(spec.num_cols)
+        return by_row_chunks(model, spec, *args)
+
     monkeypatch.setattr(sage.SAGELayer, "narrowed_input", narrowing)
     monkeypatch.setattr(sage.SAGELayer, "product", producing)
     monkeypatch.setattr(CSRRows, "row_sums", counting)
+    monkeypatch.setattr(full_graph, "_by_row_chunks", making)
     chunks = -(-GRAPH["num_nodes"] // CHUNK_ROWS)
+    last_rows = GRAPH["num_nodes"] - (chunks - 1) * CHUNK_ROWS
     with torch.no_grad():
-        narrowed, _ = full_graph_forward(model, graph, CHUNK_ROWS)
+        narrowed, _ = full_graph.full_graph_forward(model, graph, CHUNK_ROWS)
         assert widths == [11] * chunks + [5] * chunks
-        assert narrowed_shapes == [(GRAPH["num_nodes"], 10)]
+        assert narrowed_shapes == [(CHUNK_ROWS, 10)] * (chunks - 1) + [(last_rows, 10)]
+        assert made_widths == [10, 5]
         assert inputs_alive == [False] * chunks
         assert len(row_sums) == 2 * chunks and sum(row_sums) == 2 * GRAPH["num_nodes"]
         widths.clear()
+        made_widths.clear()
         monkeypatch.setattr(sage.SAGELayer, "aggregates_narrowed", False)
-        whole, _ = full_graph_forward(model, graph, CHUNK_ROWS)
+        whole, _ = full_graph.full_graph_forward(model, graph, CHUNK_ROWS)
     assert widths == [11] * chunks + [13] * chunks
+    assert made_widths == [13, 5]
     assert relative_error(narrowed, whole) < TOLERANCE
 
 

@@ -8,9 +8,10 @@ hidden matrix is never whole. On one TP rank, where every layout is the whole ma
 the first layer reads the features themselves (no copy) and applies the input
 projection after its aggregation, :math:`(A X) W_{in}`: the projected features are
 never whole, and the SpMM reads :math:`d_{in}` columns. There, too, a layer that narrows
-(:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.narrows_first`) multiplies its whole
-input by its weights once, frees the input, and every chunk aggregates that narrower
-matrix.
+(:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.narrows_first`) aggregates its input
+times its weights, a narrower matrix: the layer before multiplies each chunk of its
+output by those weights as it is made (so that output is never whole, and the product
+reads it from the cache); a first layer multiplies its whole input once and frees it.
 
 No chunk waits for the device: a chunk's rows and their split are known on the host,
 and each layer reads the entry ranges of all its chunks' CSR rows at once (one wait per
@@ -144,14 +145,26 @@ def full_graph_forward(
     if not model.layers:
         return model.head(hidden, spec)
     projection = model.input_layer if buffers.fold else None
-    for layer, out_spec in zip(model.layers, buffers.outputs):
-        head = model.head if layer is model.layers[-1] else None
+    given_narrowed = False  # hidden is the layer's input times its weights
+    for index, (layer, out_spec) in enumerate(zip(model.layers, buffers.outputs)):
+        last = index == len(model.layers) - 1
+        head = model.head if last else None
+        narrowing = None if last or buffers.narrowed[index + 1] is None else index + 1
+        then = None if narrowing is None else model.layers[narrowing]
+        made_spec = out_spec if narrowing is None else buffers.narrowed[narrowing]
         # _layer takes the only reference: the input is freed once the output is
         # complete, or once narrowed
         taken = [hidden]
         del hidden
-        hidden = _layer(model, graph, layer, taken, spec, out_spec, chunk_rows, head, projection)
-        spec, projection = out_spec, None
+        hidden = _layer(
+            model,
+            graph,
+            _Pass(layer, spec, out_spec, given_narrowed, head, projection, then),
+            taken,
+            made_spec,
+            chunk_rows,
+        )
+        spec, projection, given_narrowed = out_spec, None, then is not None
     return hidden, spec
 
 
@@ -192,35 +205,53 @@ def full_graph_chunk_rows(
     return chunk_rows_for(graph.features.device, model.runtime.grid.shape.tp_size, memory)
 
 
+@dataclass(frozen=True)
+class _Pass:
+    """One layer of a chunked evaluation: ``layer`` from its input in ``spec`` to its
+    output in ``out_spec``; ``given_narrowed``: the input is already the layer's
+    narrowed input (:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.narrowed_input`,
+    made by the layer before); then ``head`` on each output chunk, or ``then``'s
+    narrowing (the next layer's narrowed input, made chunk by chunk, so the output is
+    never whole); ``projection`` as in
+    :meth:`~dgl_scalegnn.model.convs.base.GraphLayer.forward`."""
+
+    layer: GraphLayer
+    spec: ShardSpec
+    out_spec: ShardSpec
+    given_narrowed: bool
+    head: Head | None
+    projection: InputProjection | None
+    then: GraphLayer | None
+
+
 def _layer(
     model: ParallelScaleGNN,
     graph: FullGraph,
-    layer: GraphLayer,
+    step: _Pass,
     taken: list[torch.Tensor],
-    spec: ShardSpec,
-    out_spec: ShardSpec,
+    made_spec: ShardSpec,
     chunk_rows: int,
-    head: Head | None,
-    projection: InputProjection | None,
 ) -> torch.Tensor:
-    """``layer`` (then ``head``, if given) on the whole graph, one chunk of output rows
-    at a time, into a matrix of ``out_spec``, from the layer input that ``taken`` holds
-    (the list is emptied, so that the input is freed here); with ``projection`` the layer
-    input is the projection of it
-    (see :meth:`~dgl_scalegnn.model.convs.base.GraphLayer.forward`). A layer that
-    narrows reads only its narrowed input (:meth:`~dgl_scalegnn.model.convs.base.
-    GraphLayer.narrowed_input`), which takes the input's place."""
+    """``step`` on the whole graph, one chunk of output rows at a time, into a matrix of
+    ``made_spec`` (the layer's output, the head's logits, or the next layer's narrowed
+    input), from the layer input that ``taken`` holds (the list is emptied, so that the
+    input is freed here). A layer that narrows reads only its narrowed input, which
+    takes the input's place."""
     grid = model.runtime.grid
     coords = grid.coords
+    layer, spec, projection = step.layer, step.spec, step.projection
     layout = spec.layout
     input_start = graph.rows.range(layout.rows, coords.along(layout.rows))[0]
-    count = chunk_count(spec.rows.num_nodes, grid.shape.size(out_spec.layout.rows), chunk_rows)
+    count = chunk_count(spec.rows.num_nodes, grid.shape.size(step.out_spec.layout.rows), chunk_rows)
     native = model.layer_tail.native  # the model's one switch for its native kernels
     adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count, native)
     layer_input = taken.pop()
-    narrowed = layer.narrowed_input(layer_input, spec, projection)  # once for every chunk
-    if narrowed is not None:
-        layer_input = narrowed  # the input is freed here
+    if step.given_narrowed:
+        narrowed = layer_input
+    else:
+        narrowed = layer.narrowed_input(layer_input, spec, projection)  # once for every chunk
+        if narrowed is not None:
+            layer_input = narrowed  # the input is freed here
 
     def compute(chunk: RowChunk) -> torch.Tensor:
         # The SpMM reads every input row; the spec only carries the layout and names the
@@ -232,9 +263,13 @@ def _layer(
         out, layer_spec = layer(
             layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection, rows
         )
-        return out if head is None else head(out, layer_spec)[0]
+        if step.head is not None:
+            return step.head(out, layer_spec)[0]
+        if step.then is not None:  # narrowed while the chunk is in the cache
+            return step.then.narrowed_input(out, layer_spec, None)
+        return out
 
-    return _by_row_chunks(model, out_spec, chunk_rows, layer_input.dtype, compute)
+    return _by_row_chunks(model, made_spec, chunk_rows, layer_input.dtype, compute)
 
 
 def _by_row_chunks(

@@ -207,17 +207,27 @@ void masked_grad(const float *restrict grad, const uint8_t *restrict live, float
 #define PREFETCH_ENTRIES 16
 /* Rows of csr_scaled_rows a thread takes at a time (degrees are skewed). */
 #define ROW_BLOCK 64
+/* The most columns of a row csr_scaled_rows sums at once, in registers; wider products
+ * go panel by panel. */
+#define PANEL 128
 
-/* One row of csr_scaled_rows. Its first `head` columns are summed in a loop whose trip
- * count is a compile-time constant at every call (the whole row at the common widths, a
- * multiple of 16 otherwise: 1.3x faster at width 100 than one loop of cols), the rest
- * in a short loop. The row's cache lines are requested PREFETCH_ENTRIES entries ahead. */
+/* Columns [0, cols) of one row of csr_scaled_rows (cols <= PANEL), summed in a local
+ * accumulator of `padded` columns: a compile-time constant at every call (cols rounded
+ * up to 8 or a multiple of 16), so that the accumulator stays in registers and every
+ * entry is a few whole vector operations. The padding columns read past the row's
+ * last column, into x's next columns or row, for the rows of x whose padded read stays
+ * inside x (j < safe_rows), and are dropped; the other rows read cols columns. Where
+ * `unit` the scales are all ones (the sum normalisation) and not read. The row's cache
+ * lines are requested PREFETCH_ENTRIES entries ahead. Per element, the same operations
+ * in the same order as one loop of cols columns. */
 INLINE void scaled_row(const int64_t *restrict indptr, const int32_t *restrict narrow_ids,
-                       const int64_t *restrict wide_ids, int wide,
+                       const int64_t *restrict wide_ids, const int wide, const int unit,
                        const float *restrict col_scale, const float *restrict x,
-                       int64_t ld, float *restrict o, int64_t i, float r,
-                       int64_t last_entry, const int64_t head, const int64_t cols) {
-  for (int64_t k = 0; k < cols; ++k) o[k] = 0.0f;
+                       int64_t ld, int64_t safe_rows, float *restrict o, int64_t i, float r,
+                       int64_t last_entry, const int64_t padded, const int64_t cols) {
+  float acc[PANEL] __attribute__((aligned(64)));
+#pragma omp simd
+  for (int64_t k = 0; k < padded; ++k) acc[k] = 0.0f;
   for (int64_t e = indptr[i]; e < indptr[i + 1]; ++e) {
     if (e + PREFETCH_ENTRIES < last_entry) {
       const int64_t ahead = e + PREFETCH_ENTRIES;
@@ -229,86 +239,109 @@ INLINE void scaled_row(const int64_t *restrict indptr, const int32_t *restrict n
         __builtin_prefetch(line, 0, 0);
     }
     const int64_t j = wide ? wide_ids[e] : (int64_t)narrow_ids[e];
-    const float c = col_scale[j];
+    const float c = unit ? 1.0f : col_scale[j];
     const float *restrict xj = x + j * ld;
+    if (j < safe_rows) {
+      if (unit) {
 #pragma omp simd
-    for (int64_t k = 0; k < head; ++k) o[k] += c * xj[k];
-    for (int64_t k = head; k < cols; ++k) o[k] += c * xj[k];
+        for (int64_t k = 0; k < padded; ++k) acc[k] += xj[k];
+      } else {
+#pragma omp simd
+        for (int64_t k = 0; k < padded; ++k) acc[k] += c * xj[k];
+      }
+    } else {
+      for (int64_t k = 0; k < cols; ++k) acc[k] += c * xj[k];
+    }
   }
+  if (unit) {
+    memcpy(o, acc, cols * sizeof(float));
+  } else {
 #pragma omp simd
-  for (int64_t k = 0; k < cols; ++k) o[k] *= r;
+    for (int64_t k = 0; k < cols; ++k) o[k] = acc[k] * r;
+  }
 }
 
-/* Rows [lo, hi) of csr_scaled_rows with `head` columns in the constant loop and the
- * index width `is_wide` a constant too. */
-#define SCALED_ROWS(head, width, is_wide)                                              \
+/* Rows [lo, hi) of one panel of csr_scaled_rows, `padded`, `is_wide` and `is_unit`
+ * constants. */
+#define SCALED_ROWS(padded, is_wide, is_unit)                                          \
   for (int64_t i = lo; i < hi; ++i)                                                    \
-    scaled_row(indptr, narrow_ids, wide_ids, (is_wide), col_scale, x, ld,              \
-               out + (i - start) * (width), i, row_scale[i], last_entry, head, width);
-#define WIDTH_CASE(width, is_wide)                                                     \
-  case width:                                                                          \
-    SCALED_ROWS(width, width, is_wide) break;
-#define HEAD_CASE(blocks, is_wide)                                                     \
-  case blocks:                                                                         \
-    SCALED_ROWS(16 * (blocks), cols, is_wide) break;
-/* The row blocks' loop body: the common widths whole, the others by their head. */
-#define SCALED_ROW_BLOCK(is_wide)                                                      \
-  switch (cols) {                                                                      \
-    WIDTH_CASE(8, is_wide)                                                             \
-    WIDTH_CASE(16, is_wide)                                                            \
-    WIDTH_CASE(32, is_wide)                                                            \
-    WIDTH_CASE(64, is_wide)                                                            \
-    WIDTH_CASE(128, is_wide)                                                           \
-    default:                                                                           \
-      switch (cols / 16) {                                                             \
-        HEAD_CASE(0, is_wide)                                                          \
-        HEAD_CASE(1, is_wide)                                                          \
-        HEAD_CASE(2, is_wide)                                                          \
-        HEAD_CASE(3, is_wide)                                                          \
-        HEAD_CASE(4, is_wide)                                                          \
-        HEAD_CASE(5, is_wide)                                                          \
-        HEAD_CASE(6, is_wide)                                                          \
-        HEAD_CASE(7, is_wide)                                                          \
-        HEAD_CASE(8, is_wide)                                                          \
-        default:                                                                       \
-          SCALED_ROWS(cols, cols, is_wide)                                             \
-      }                                                                                \
+    scaled_row(indptr, narrow_ids, wide_ids, (is_wide), (is_unit), col_scale, panel_x, \
+               ld, safe_rows, out + (i - start) * cols + first, i,                     \
+               (is_unit) ? 1.0f : row_scale[i], last_entry, padded, panel_cols);
+#define PADDED_CASE(padded, is_wide, is_unit)                                          \
+  case padded:                                                                         \
+    SCALED_ROWS(padded, is_wide, is_unit) break;
+#define PANEL_ROWS(is_wide, is_unit)                                                   \
+  switch (padded) {                                                                    \
+    PADDED_CASE(8, is_wide, is_unit)                                                   \
+    PADDED_CASE(16, is_wide, is_unit)                                                  \
+    PADDED_CASE(32, is_wide, is_unit)                                                  \
+    PADDED_CASE(48, is_wide, is_unit)                                                  \
+    PADDED_CASE(64, is_wide, is_unit)                                                  \
+    PADDED_CASE(80, is_wide, is_unit)                                                  \
+    PADDED_CASE(96, is_wide, is_unit)                                                  \
+    PADDED_CASE(112, is_wide, is_unit)                                                 \
+    PADDED_CASE(128, is_wide, is_unit)                                                 \
   }
 
 /* The rows [start, stop) of a CSR block whose entry (i, j) is r_i c_j (no value array)
- * times x (rows ld floats apart, the first cols of each read):
+ * times x (rows ld floats apart, the first cols of each read; `readable` floats from x
+ * on, where the padded reads must stop):
  *   out[i - start, :] = r_i sum_{e in row i} c_{j_e} x[j_e, :]
- * indices are int32, or int64 where wide. Unlike the tail, no eager kernel is followed:
- * torch's CSR product multiplies r_i c_j first, so the two agree to float32 rounding.
- * A row's sum stays in its output row while its neighbours' rows are read, and the rows
+ * indices are int32, or int64 where wide; row_scale and col_scale NULL where both are
+ * all ones. Unlike the tail, no eager kernel is followed: torch's CSR product multiplies
+ * r_i c_j first, so the two agree to float32 rounding. A row's sum stays in registers
+ * while its neighbours' rows are read (PANEL columns at a time), and the rows
  * PREFETCH_ENTRIES entries ahead are requested meanwhile; blocks of ROW_BLOCK rows go to
  * the threads dynamically, as degrees are skewed. */
 void csr_scaled_rows(const int64_t *restrict indptr, const void *restrict indices, int wide,
                      const float *restrict row_scale, const float *restrict col_scale,
-                     const float *restrict x, int64_t ld, float *restrict out,
-                     int64_t start, int64_t stop, int64_t cols, int threads) {
+                     const float *restrict x, int64_t ld, int64_t readable,
+                     float *restrict out, int64_t start, int64_t stop, int64_t cols,
+                     int threads) {
   const int32_t *restrict narrow_ids = (const int32_t *)indices;
   const int64_t *restrict wide_ids = (const int64_t *)indices;
   const int64_t last_entry = indptr[stop];
+  const int unit = col_scale == NULL;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (int64_t lo = start; lo < stop; lo += ROW_BLOCK) {
     const int64_t hi = lo + ROW_BLOCK < stop ? lo + ROW_BLOCK : stop;
-    if (wide) {
-      SCALED_ROW_BLOCK(1)
-    } else {
-      SCALED_ROW_BLOCK(0)
+    for (int64_t first = 0; first < cols; first += PANEL) {
+      const int64_t panel_cols = cols - first < PANEL ? cols - first : PANEL;
+      const int64_t padded = panel_cols <= 8 ? 8 : (panel_cols + 15) / 16 * 16;
+      const float *restrict panel_x = x + first;
+      /* rows j of x with j * ld + first + padded <= readable */
+      const int64_t reach = readable - first - padded;
+      const int64_t safe_rows = reach < 0 ? 0 : reach / ld + 1;
+      if (wide) {
+        if (unit) {
+          PANEL_ROWS(1, 1)
+        } else {
+          PANEL_ROWS(1, 0)
+        }
+      } else if (unit) {
+        PANEL_ROWS(0, 1)
+      } else {
+        PANEL_ROWS(0, 0)
+      }
     }
   }
 }
 
 /* The rows [start, stop) of the same block times a column of ones, as csr_scaled_rows
  * computes it with x = 1 (the same sums in the same order), without reading x:
- *   out[i - start] = r_i sum_{e in row i} c_{j_e} */
+ *   out[i - start] = r_i sum_{e in row i} c_{j_e}
+ * and, with the scales NULL (all ones), the rows' entry counts. */
 void csr_row_sums(const int64_t *restrict indptr, const void *restrict indices, int wide,
                   const float *restrict row_scale, const float *restrict col_scale,
                   float *restrict out, int64_t start, int64_t stop, int threads) {
   const int32_t *restrict narrow_ids = (const int32_t *)indices;
   const int64_t *restrict wide_ids = (const int64_t *)indices;
+  if (col_scale == NULL) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = start; i < stop; ++i) out[i - start] = (float)(indptr[i + 1] - indptr[i]);
+    return;
+  }
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 256)
   for (int64_t i = start; i < stop; ++i) {
     float sum = 0.0f;

@@ -80,7 +80,7 @@ _SIGNATURES = {
     "norm_backward": "pppppfpppniin",
     "add_row_scaled": "pppiin",
     "masked_grad": "ppfpiin",
-    "csr_scaled_rows": "ppnpppipiiin",
+    "csr_scaled_rows": "ppnpppiipiiin",
     "csr_row_sums": "ppnpppiin",
     "pread_runs": "niippip",
 }
@@ -521,41 +521,47 @@ def add_row_scaled(grad_x: torch.Tensor, x: torch.Tensor, row_grad: torch.Tensor
 
 
 def _csr_arrays(
-    name: str, arrays: tuple[torch.Tensor, ...], start: int, stop: int
-) -> tuple[torch.Tensor, ...]:
+    name: str, arrays: tuple[torch.Tensor | None, ...], start: int, stop: int
+) -> tuple[torch.Tensor | None, ...]:
     """A block's ``(indptr, indices, row_scale, col_scale)`` as the CSR kernels read them
-    (contiguous; arrays already so, as a block's are, are not copied), after refusing
-    index arrays they cannot read or rows outside the block."""
-    indptr, indices = arrays[:2]
+    (contiguous; arrays already so, as a block's are, are not copied; scales ``None``
+    both, or neither), after refusing index arrays they cannot read or rows outside the
+    block."""
+    indptr, indices, row_scale, col_scale = arrays
     if indptr.dtype != torch.int64 or indices.dtype not in (torch.int32, torch.int64):
         raise TypeError(
             f"{name}: indptr int64 and indices int32/int64, got {indptr.dtype} and {indices.dtype}"
         )
     if not 0 <= start <= stop < indptr.numel():
         raise IndexError(f"{name}: rows [{start}, {stop}) of {indptr.numel() - 1}")
-    return tuple(t.contiguous() for t in arrays)
+    if (row_scale is None) != (col_scale is None):
+        raise ValueError(f"{name}: both scales, or neither (all ones)")
+    return tuple(None if t is None else t.contiguous() for t in arrays)
 
 
 def csr_scaled_rows(
     indptr: torch.Tensor,
     indices: torch.Tensor,
-    row_scale: torch.Tensor,
-    col_scale: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    col_scale: torch.Tensor | None,
     x: torch.Tensor,
     start: int,
     stop: int,
 ) -> torch.Tensor:
     """Rows ``[start, stop)`` of a CSR block whose entry :math:`(i, j)` is
     :math:`r_i c_j` (``indptr`` int64, ``indices`` int32 or int64, ``row_scale`` :math:`r`,
-    ``col_scale`` :math:`c`) times ``x`` ``(num_cols, D)``: ``(stop - start, D)``,
-    :math:`r_i \\sum_j c_j x_j` row by row, without a value array or a CSR copy. ``x``
-    is read in place where its rows are contiguous, as those of a column slice are."""
+    ``col_scale`` :math:`c`, ``None`` both where they are all ones) times ``x``
+    ``(num_cols, D)``: ``(stop - start, D)``, :math:`r_i \\sum_j c_j x_j` row by row,
+    without a value array or a CSR copy. ``x`` is read in place where its rows are
+    contiguous, as those of a column slice are; the kernel may read past a row's last
+    column, never past ``x``'s storage."""
     # bound to names: a copy made here must outlive the call
     indptr, indices, row_scale, col_scale = _csr_arrays(
         "csr_scaled_rows", (indptr, indices, row_scale, col_scale), start, stop
     )
     if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
         x = x.contiguous()
+    readable = x.untyped_storage().nbytes() // x.element_size() - x.storage_offset()
     out = x.new_empty(stop - start, x.shape[1])
     _call(
         "csr_scaled_rows",
@@ -566,6 +572,7 @@ def csr_scaled_rows(
         _ptr(col_scale),
         _ptr(x),
         x.stride(0),
+        readable,
         _ptr(out),
         start,
         stop,
@@ -578,18 +585,19 @@ def csr_scaled_rows(
 def csr_row_sums(
     indptr: torch.Tensor,
     indices: torch.Tensor,
-    row_scale: torch.Tensor,
-    col_scale: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    col_scale: torch.Tensor | None,
     start: int,
     stop: int,
 ) -> torch.Tensor:
     """:func:`csr_scaled_rows` of a column of ones, ``(stop - start, 1)``, the same sums
     in the same order without reading a ``(num_cols, 1)`` operand:
-    :math:`r_i \\sum_j c_j` (a SAGE layer's neighbour count)."""
+    :math:`r_i \\sum_j c_j` (a SAGE layer's neighbour count); with the scales ``None``
+    (all ones), the rows' entry counts."""
     indptr, indices, row_scale, col_scale = _csr_arrays(
         "csr_row_sums", (indptr, indices, row_scale, col_scale), start, stop
     )
-    out = row_scale.new_empty(stop - start, 1)
+    out = torch.empty(stop - start, 1, dtype=torch.float32)
     _call(
         "csr_row_sums",
         _ptr(indptr),

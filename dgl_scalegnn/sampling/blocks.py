@@ -54,7 +54,8 @@ class CSRBlock:
     (:math:`\\hat d^{-1/2}` in the symmetric normalisation, ones in the sum). Every
     normalisation's entry is :math:`r_i c_j`, bit for bit
     (:func:`~dgl_scalegnn.data.normalize.renormalize_block`), so the block keeps no value
-    array (:meth:`values_at`): a third of its bytes.
+    array (:meth:`values_at`): a third of its bytes. ``unit_scales``: its builder made
+    both scales ones (the sum normalisation), which a product may then skip.
     """
 
     row_start: int
@@ -65,6 +66,7 @@ class CSRBlock:
     indices: torch.Tensor
     row_scale: torch.Tensor
     col_scale: torch.Tensor
+    unit_scales: bool = False
 
     @property
     def nnz(self) -> int:

@@ -144,21 +144,28 @@ def buffer_peak(sizes: Sequence[float], input_owned: bool, narrowed: Sequence[fl
     the first layer's input then each layer's output: a layer holds its input and its
     output at once (the input is freed when the output is complete). A layer that
     aggregates its input times its weights (``narrowed``, per layer; none by default)
-    holds its input and that product, then frees the input and holds the product and
-    its output. The first input counts only where the forward made it
-    (``input_owned``), not where it reads the features in place.
+    takes that product in its input's place: the layer before makes it, narrowing each
+    chunk of its output as it is made, so that output is never whole. The first layer
+    narrows its input itself: it holds its input and the product, then frees the input
+    and holds the product and its output. The first input counts only where the forward
+    made it (``input_owned``), not where it reads the features in place.
 
     >>> buffer_peak([100, 40, 8], input_owned=True), buffer_peak([100, 40, 8], input_owned=False)
     (140, 48)
-    >>> buffer_peak([100, 40, 30], input_owned=False, narrowed=[0, 10])
-    50
+    >>> buffer_peak([100, 8], input_owned=False)  # one layer
+    8
+    >>> buffer_peak([100, 40, 30], input_owned=False, narrowed=[0, 10])  # 40 never whole
+    40
+    >>> buffer_peak([100, 40, 30], input_owned=True, narrowed=[10, 0])  # 10 + 100, 40 + 30
+    110
     """
-    held = [sizes[0] if input_owned else 0, *sizes[1:-1]]
-    extra = [*narrowed, *[0] * (len(held) - len(narrowed))]
-    return max(
-        more + max(given, made) if more else given + made
-        for given, made, more in zip(held, sizes[1:], extra)
-    )
+    narrowed = [*narrowed, *[0] * (len(sizes) - 1 - len(narrowed))]
+    # what each layer takes: its input, or a narrowing layer's product in its place
+    taken = [sizes[0] if input_owned else 0]
+    taken += [product or size for product, size in zip(narrowed[1:], sizes[1:-1])]
+    made = [*taken[1:], sizes[-1]]
+    first = narrowed[0] + max(taken[0], made[0]) if narrowed[0] else taken[0] + made[0]
+    return max([first, *(given + output for given, output in zip(taken[1:], made[1:]))])
 
 
 def chunk_rows_for(device: torch.device | str, tp_size: int, memory: ChunkMemory) -> int:
@@ -362,13 +369,7 @@ class CSRRows(RowSumsByProduct):
             return features.new_zeros(self.num_rows, features.shape[1])
         if self._runs_natively(features):
             return cpu_kernels.csr_scaled_rows(
-                block.indptr,
-                block.indices,
-                block.row_scale,
-                block.col_scale,
-                features,
-                self.start,
-                self.stop,
+                block.indptr, block.indices, *self._scales(), features, self.start, self.stop
             )
         crow = block.indptr[self.start : self.stop + 1] - lo
         indices = block.indices[lo:hi].clone()
@@ -393,8 +394,14 @@ class CSRRows(RowSumsByProduct):
             return super().row_sums(like)
         block = self.block
         return cpu_kernels.csr_row_sums(
-            block.indptr, block.indices, block.row_scale, block.col_scale, self.start, self.stop
+            block.indptr, block.indices, *self._scales(), self.start, self.stop
         )
+
+    def _scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The block's scales for the native loops: ``None`` both where they are all
+        ones, which the loops then skip (the sum normalisation)."""
+        block = self.block
+        return (None, None) if block.unit_scales else (block.row_scale, block.col_scale)
 
     def _runs_natively(self, operand: torch.Tensor) -> bool:
         """Whether the native loops take a product with ``operand``: native kernels on,

@@ -162,6 +162,7 @@ def hop(graph: PreparedGraph, rows: np.ndarray, normalisation: str) -> Hop:
         indices=torch.from_numpy(cols.astype(np.int32 if inputs.size < 2**31 else np.int64)),
         row_scale=torch.from_numpy(row_scale),
         col_scale=torch.from_numpy(col_scale),
+        unit_scales=normalisation == "sum",
     )
     return Hop(rows, inputs, block, own)
 

@@ -89,6 +89,7 @@ def load_csr_block(
         ),
         row_scale=torch.from_numpy(entries.row_scale),
         col_scale=torch.from_numpy(entries.col_scale),
+        unit_scales=normalisation == "sum",  # ones: renormalize_block
     )
     return block, read.bytes_read
 
