@@ -65,7 +65,11 @@ def add_bias(
     out: torch.Tensor, bias: torch.Tensor | None, spec: ShardSpec, runtime: Runtime
 ) -> torch.Tensor:
     """``out + bias`` for a linear map's output in ``spec`` (bias ``(cols,)``, this rank's
-    columns), the bias's gradient completed over the rows' axis; ``out`` without a bias."""
+    columns), the bias's gradient completed over the rows' axis; ``out`` without a bias.
+    Without autograd (an evaluation) the bias is added to ``out`` in place: ``out`` is
+    the product's own new matrix, and a second one would cost a chunk's allocation."""
     if bias is None:
         return out
+    if not torch.is_grad_enabled():
+        return out.add_(bias)
     return out + reduce_grad(bias, spec.layout.rows, runtime)

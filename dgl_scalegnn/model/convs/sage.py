@@ -67,12 +67,14 @@ __all__ = ["SAGELayer", "neighbour_mean"]
 def neighbour_mean(summed: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """``summed / count`` row by row; a row without neighbours (``count`` 0, so its
     ``summed`` is 0) stays 0. The guard is on the ``(rows, 1)`` count, so the ``(rows,
-    D)`` sums take one pass (a ``where`` over them took 5x as long on the CPU).
+    D)`` sums take one pass (a ``where`` over them took 5x as long on the CPU); without
+    autograd (an evaluation) in place, over the SpMM's own new matrix.
 
     >>> neighbour_mean(torch.tensor([[2.0], [0.0]]), torch.tensor([[2.0], [0.0]])).tolist()
     [[1.0], [0.0]]
     """
-    return summed / torch.where(count > 0, count, 1.0)
+    divisor = torch.where(count > 0, count, 1.0)
+    return summed.div_(divisor) if not torch.is_grad_enabled() else summed / divisor
 
 
 class SAGELayer(GraphLayer):
