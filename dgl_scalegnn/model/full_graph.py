@@ -227,26 +227,28 @@ class _Pass:
 def _layer(
     model: ParallelScaleGNN,
     graph: FullGraph,
-    step: _Pass,
+    layer_pass: _Pass,
     taken: list[torch.Tensor],
     made_spec: ShardSpec,
     chunk_rows: int,
 ) -> torch.Tensor:
-    """``step`` on the whole graph, one chunk of output rows at a time, into a matrix of
+    """``layer_pass`` on the whole graph, one chunk of output rows at a time, into a matrix of
     ``made_spec`` (the layer's output, the head's logits, or the next layer's narrowed
     input), from the layer input that ``taken`` holds (the list is emptied, so that the
     input is freed here). A layer that narrows reads only its narrowed input, which
     takes the input's place."""
     grid = model.runtime.grid
     coords = grid.coords
-    layer, spec, projection = step.layer, step.spec, step.projection
+    layer, spec, projection = layer_pass.layer, layer_pass.spec, layer_pass.projection
     layout = spec.layout
     input_start = graph.rows.range(layout.rows, coords.along(layout.rows))[0]
-    count = chunk_count(spec.rows.num_nodes, grid.shape.size(step.out_spec.layout.rows), chunk_rows)
+    count = chunk_count(
+        spec.rows.num_nodes, grid.shape.size(layer_pass.out_spec.layout.rows), chunk_rows
+    )
     native = model.layer_tail.native  # the model's one switch for its native kernels
     adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count, native)
     layer_input = taken.pop()
-    if step.given_narrowed:
+    if layer_pass.given_narrowed:
         narrowed = layer_input
     else:
         narrowed = layer.narrowed_input(layer_input, spec, projection)  # once for every chunk
@@ -263,10 +265,10 @@ def _layer(
         out, layer_spec = layer(
             layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection, rows
         )
-        if step.head is not None:
-            return step.head(out, layer_spec)[0]
-        if step.then is not None:  # narrowed while the chunk is in the cache
-            return step.then.narrowed_input(out, layer_spec, None)
+        if layer_pass.head is not None:
+            return layer_pass.head(out, layer_spec)[0]
+        if layer_pass.then is not None:  # narrowed while the chunk is in the cache
+            return layer_pass.then.narrowed_input(out, layer_spec, None)
         return out
 
     return _by_row_chunks(model, made_spec, chunk_rows, layer_input.dtype, compute)
