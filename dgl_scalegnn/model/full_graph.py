@@ -145,13 +145,14 @@ def full_graph_forward(
     if not model.layers:
         return model.head(hidden, spec)
     projection = model.input_layer if buffers.fold else None
-    given_narrowed = False  # hidden is the layer's input times its weights
     for index, (layer, out_spec) in enumerate(zip(model.layers, buffers.outputs)):
         last = index == len(model.layers) - 1
         head = model.head if last else None
-        narrowing = None if last or buffers.narrowed[index + 1] is None else index + 1
-        then = None if narrowing is None else model.layers[narrowing]
-        made_spec = out_spec if narrowing is None else buffers.narrowed[narrowing]
+        # a narrowing layer after the first gets its narrowed input from the layer before
+        given_narrowed = index > 0 and buffers.narrowed[index] is not None
+        then_spec = None if last else buffers.narrowed[index + 1]
+        then = None if then_spec is None else model.layers[index + 1]
+        made_spec = out_spec if then_spec is None else then_spec
         # _layer takes the only reference: the input is freed once the output is
         # complete, or once narrowed
         taken = [hidden]
@@ -164,7 +165,7 @@ def full_graph_forward(
             made_spec,
             chunk_rows,
         )
-        spec, projection, given_narrowed = out_spec, None, then is not None
+        spec, projection = out_spec, None
     return hidden, spec
 
 
