@@ -19,7 +19,7 @@ import torch
 from dgl_scalegnn.config import ParallelConfig
 from dgl_scalegnn.core.layout import INPUT_LAYOUT
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.parallel import cpu_kernels
+from dgl_scalegnn.parallel import cpu_kernels, elementwise
 from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_mask
 from dgl_scalegnn.parallel.elementwise import LayerTail, LocalRows, TailArgs
 from dgl_scalegnn.parallel.norm import rms_norm
@@ -131,6 +131,29 @@ def test_native_forward_is_the_eager_forward_bit_for_bit():
     torch.testing.assert_close(got, expected, equal_nan=True)
     assert (got_live != expected_live).sum() <= 1  # an element at 0 may round either way
     assert native.calls["native"] == 6 and eager.calls == {"native": 0, "compiled": 0, "eager": 6}
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_overwrite_writes_the_tail_over_its_input_without_autograd(monkeypatch, native):
+    """``overwrite`` (an evaluation's own product): the result is ``x`` itself, equal to
+    the bit to a new matrix's, for every switch of the tail; the eager kernel in blocks
+    too. Under autograd the input is kept, as its backward reads it."""
+    monkeypatch.setattr(elementwise, "_BLOCK_ELEMENTS", 40 * 8)  # blocks of 8 rows
+    values = {k: v.float() for k, v in _inputs(57, 40, seed=6).items()}
+    tail = LayerTail(False, native=native)
+    kwargs = dict(statistics=LocalRows(), key=3, col_start=0, width=40, eps=1e-6)
+    for gain, residual, rate in ((None, None, 0.0), (values["gain"], values["res"], 0.25)):
+        with torch.no_grad():
+            fresh = tail(values["x"], gain, residual, torch.arange(57), rate=rate, **kwargs)
+            x = values["x"].clone()
+            got = tail(x, gain, residual, torch.arange(57), rate=rate, overwrite=True, **kwargs)
+        assert got.data_ptr() == x.data_ptr() and fresh.data_ptr() != values["x"].data_ptr()
+        torch.testing.assert_close(got, fresh, rtol=0, atol=0)
+    x = values["x"].clone().requires_grad_()
+    y = tail(x, None, None, torch.arange(57), rate=0.0, overwrite=True, **kwargs)
+    assert y.data_ptr() != x.data_ptr() and torch.equal(x.detach(), values["x"])
+    kind = "native" if native else "eager"
+    assert tail.calls[kind] == 5 and sum(tail.calls.values()) == 5
 
 
 def test_non_contiguous_inputs_are_read_correctly():
@@ -272,7 +295,7 @@ def test_csr_kernels_at_every_width_read_column_slices_in_place(index_dtype):
 # columns past x's last row would fault (a crash of the child, not of the test run).
 _GUARD_PAGE_CHILD = """
 import ctypes, mmap, torch
-from dgl_scalegnn.parallel import cpu_kernels
+from dgl_scalegnn.parallel import cpu_kernels, elementwise
 page = mmap.PAGESIZE
 memory = mmap.mmap(-1, 2 * page)
 start = ctypes.addressof(ctypes.c_char.from_buffer(memory))

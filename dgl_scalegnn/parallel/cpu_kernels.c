@@ -34,11 +34,14 @@ void row_square_sums(const float *restrict x, float *restrict out, int64_t rows,
   }
 }
 
-/* One row of tail_forward; the switches are compile-time constants at every call. */
-INLINE void tail_row(const float *restrict xi, float r, const float *restrict gain,
+/* One row of tail_forward; the switches are compile-time constants at every call.
+ * yi may be xi (an evaluation writes the tail over its input): each element of yi is
+ * computed from the same element of xi alone, in one simd loop with no dependence
+ * between elements, so neither pointer is restrict. */
+INLINE void tail_row(const float *xi, float r, const float *restrict gain,
                      float scale, const float *restrict ri, uint32_t row_bits,
                      const int32_t *restrict col_hash, int32_t threshold,
-                     float *restrict yi, uint8_t *restrict li, int64_t cols,
+                     float *yi, uint8_t *restrict li, int64_t cols,
                      const int norm, const int relu, const int drop, const int res,
                      const int mask) {
 #pragma omp simd
@@ -73,11 +76,11 @@ INLINE void tail_row(const float *restrict xi, float r, const float *restrict ga
 
 /* tail_row with its switches (norm, relu, dropout, residual, mask: bits 4 to 0) made
  * constants: one branch-free loop for each combination. */
-INLINE void tail_row_switched(int switches, const float *restrict xi, float r,
+INLINE void tail_row_switched(int switches, const float *xi, float r,
                               const float *restrict gain, float scale,
                               const float *restrict ri, uint32_t row_bits,
                               const int32_t *restrict col_hash, int32_t threshold,
-                              float *restrict yi, uint8_t *restrict li, int64_t cols) {
+                              float *yi, uint8_t *restrict li, int64_t cols) {
   switch (switches) {
     TAIL_CASE(0) TAIL_CASE(1) TAIL_CASE(2) TAIL_CASE(3) TAIL_CASE(4) TAIL_CASE(5)
     TAIL_CASE(6) TAIL_CASE(7) TAIL_CASE(8) TAIL_CASE(9) TAIL_CASE(10) TAIL_CASE(11)
@@ -95,18 +98,18 @@ INLINE void tail_row_switched(int switches, const float *restrict xi, float r,
  * written out (for backward); else inv_rms is read.  relu 0: no ReLU (the final
  * RMSNorm).  row_hash NULL: no dropout, else the element is kept where
  * (int32)((row_hash[i] ^ col_hash[j]) * MIX) >= threshold.  residual and live may be
- * NULL. */
-void tail_forward(const float *restrict x, float *restrict inv_rms, int compute_rms,
+ * NULL; y may be x (not residual). */
+void tail_forward(const float *x, float *restrict inv_rms, int compute_rms,
                   float width, float eps, const float *restrict gain, float scale,
                   int relu, const float *restrict residual,
                   const int32_t *restrict row_hash, const int32_t *restrict col_hash,
-                  int32_t threshold, float *restrict y, uint8_t *restrict live,
+                  int32_t threshold, float *y, uint8_t *restrict live,
                   int64_t rows, int64_t cols, int threads) {
   const int switches = (gain != NULL) << 4 | (relu != 0) << 3 | (row_hash != NULL) << 2 |
                        (residual != NULL) << 1 | (live != NULL);
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
-    const float *restrict xi = x + i * cols;
+    const float *xi = x + i * cols;
     float r = 1.0f;
     if (gain && compute_rms) {
       float sum = 0.0f;

@@ -132,6 +132,11 @@ class TailArgs:
         norm and ``None`` (the rows' columns are all here), the forward computes it from
         ``x`` in the same pass, :math:`(s / d + \\epsilon)^{-1/2}` with :math:`s` the
         row sums of squares.
+    overwrite : bool
+        Write ``y`` over ``x`` (the caller's own matrix, read by nothing after; no
+        autograd): no new ``(rows, cols)`` matrix, and the one written is in cache.
+        The native and the blocked eager kernels do; the compiled one gives a new
+        matrix.
     """
 
     x: torch.Tensor
@@ -145,6 +150,7 @@ class TailArgs:
     eps: float
     keep_mask: bool = False
     inv_rms: torch.Tensor | None = None
+    overwrite: bool = False
 
     @property
     def scale(self) -> float:
@@ -403,7 +409,8 @@ def row_square_sums(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 def tail_forward(args: TailArgs) -> TailOutputs:
     """The tail's forward (see ``cpu_kernels.c``) as one loop, with the same operations
     in the same order as the eager kernel; where ``args.inv_rms`` is ``None`` with the
-    norm, the inverse RMS is computed in the same pass."""
+    norm, the inverse RMS is computed in the same pass; with ``args.overwrite``, ``y``
+    is ``x`` (its contiguous copy, where it is not)."""
     x, inv_rms, residual = (
         None if t is None else t.contiguous() for t in (args.x, args.inv_rms, args.residual)
     )
@@ -417,7 +424,7 @@ def tail_forward(args: TailArgs) -> TailOutputs:
     compute_rms = gain is not None and inv_rms is None
     if compute_rms:
         inv_rms = x.new_empty(rows, 1)
-    y = torch.empty_like(x)
+    y = x if args.overwrite else torch.empty_like(x)
     live = torch.empty_like(x, dtype=torch.uint8) if args.keep_mask else None
     _call(
         "tail_forward",

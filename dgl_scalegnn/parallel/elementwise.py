@@ -208,11 +208,11 @@ def square_sums_blocked(x: torch.Tensor) -> torch.Tensor:
 
 def tail_forward_blocked(args: TailArgs) -> TailOutputs:
     """:func:`tail_forward` block of rows by block of rows (the eager kernel; a block's
-    square sums are taken while it is in cache)."""
+    square sums are taken while it is in cache); with ``args.overwrite`` into ``x``."""
     x = args.x
     local_norm = args.gain is not None and args.inv_rms is None
     out = TailOutputs(
-        torch.empty_like(x),
+        x if args.overwrite else torch.empty_like(x),
         torch.empty_like(x, dtype=torch.uint8) if args.keep_mask else None,
         x.new_empty(x.shape[0], 1) if local_norm else None,
     )
@@ -444,6 +444,7 @@ class LayerTail:
         rate: float,
         profiler: Profiler | None = None,
         relu: bool = True,
+        overwrite: bool = False,
     ) -> torch.Tensor:
         """``(rows, cols)`` local shard in, same shape out (see the module docstring).
 
@@ -453,7 +454,9 @@ class LayerTail:
         ``relu`` ``False`` (no dropout then) for a plain RMSNorm. ``key`` (seed, step and
         layer mixed) enters only the per-row and per-column hashes, so a compiled kernel
         never recompiles for a new step. ``profiler`` charges the kernels to
-        ``elementwise`` and the reductions to their collectives.
+        ``elementwise`` and the reductions to their collectives. ``overwrite``: ``x`` is
+        the caller's own and read by nothing after, so that without autograd the result
+        may be written over it (:class:`~dgl_scalegnn.parallel.cpu_kernels.TailArgs`).
         """
         if not relu and rate > 0:
             raise ValueError(f"dropout (rate {rate}) needs the ReLU's mask; got relu=False")
@@ -479,6 +482,7 @@ class LayerTail:
             eps=eps,
             # Without ReLU (a plain RMSNorm, no dropout) every element passes: no mask.
             keep_mask=needs_grad and relu,
+            overwrite=overwrite and not needs_grad,
         )
         if needs_grad:
             return _TailFn.apply(x, gain, residual, args, self, statistics, profiler)

@@ -281,6 +281,12 @@ class GraphLayer(nn.Module):
             residual = self.own_rows_in(out_spec.layout, x, spec, own_rows, projection)
         col_start, _ = out_spec.col_range(grid.shape, grid.coords)
         rows = out_spec.layout.rows
+        # without autograd the tail writes over the product's own new matrix, which then
+        # stays in cache (not where the residual is that matrix's storage too)
+        overwrite = not torch.is_grad_enabled() and (
+            residual is None
+            or residual.untyped_storage().data_ptr() != hidden.untyped_storage().data_ptr()
+        )
         out = self.tail(
             hidden,
             gain,
@@ -293,6 +299,7 @@ class GraphLayer(nn.Module):
             eps=self.cfg.rms_eps,
             rate=self.cfg.dropout if self.training else 0.0,
             profiler=runtime.profiler,
+            overwrite=overwrite,
         )
         return out, out_spec
 
