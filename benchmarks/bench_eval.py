@@ -63,7 +63,9 @@ FORWARD_MODEL = {
     "model.bias": "true",
     "model.dropout": 0,
 }
-ROUNDS = 3
+#: Rounds of each method: on 2 noisy cores the fastest of three moved by up to 10% from
+#: one run to the next (ours at sparse 1M: 0.68-0.72 s).
+ROUNDS = 5
 METHODS = (
     "DGL full-graph forward",
     "dgl_scalegnn, the forward's model",

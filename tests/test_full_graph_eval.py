@@ -223,6 +223,7 @@ def test_layerwise_evaluation_matches_whole_graph(grid, prepared, tmp_path):
             # the layer-wise forward against the one it replaces, on every rank
             assert relative_error(record["logits"], record["batch_logits"]) < TOLERANCE
             assert record["counts"] == record["batch_counts"]
+            assert record["chunk_counts"] == record["counts"]  # logits never whole
             assert record["accuracy"] == records[0]["accuracy"]
             # the cost model's whole-graph matrices are the ones the evaluation makes
             rank = shape.rank_of(record["coords"])
@@ -253,6 +254,32 @@ def test_layerwise_evaluation_matches_whole_graph(grid, prepared, tmp_path):
             mask = torch.from_numpy(np.asarray(getattr(prepared, f"{split}_mask")))
             accuracy = float((correct & mask).sum()) / float(mask.sum())
             assert records[0]["accuracy"][f"{split}_acc"] == pytest.approx(accuracy)
+
+
+def test_multilabel_counts_chunk_by_chunk_equal_those_of_the_whole_logits(tmp_path):
+    """Multi-label micro-F1 terms, the classes split over two ranks and two data-parallel
+    replicas each counting its own chunks: :func:`full_graph_counts` (logits never
+    whole) gives on every rank the counts of the whole logits, which are the training
+    forward's."""
+    grid = "2x2x1x1"
+    spec = {
+        "grid": grid,
+        "graph": {**GRAPH, "multilabel": True},
+        "variants": {"gcn2": VARIANTS["gcn2"]},
+        "batch_size": 61,
+        "chunk_rows": CHUNK_ROWS,
+        "out": str(tmp_path),
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    world = GridShape.parse(grid).world_size
+    spawn_ranks(world, "tests.workers.full_graph_eval:main", [str(spec_path)], tmp_path)
+    records = [torch.load(tmp_path / f"rank{r}_gcn2.pt") for r in range(world)]
+    assert len({tuple(record["logit_cols"]) for record in records}) == 2  # classes split
+    for record in records:
+        assert record["chunk_counts"] == record["counts"] == record["batch_counts"]
+        assert record["counts"]["val"][1] > 0  # micro-F1 terms were counted
+        assert record["accuracy"] == records[0]["accuracy"]
 
 
 def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monkeypatch):

@@ -17,7 +17,9 @@ No chunk waits for the device: a chunk's rows and their split are known on the h
 and each layer reads the entry ranges of all its chunks' CSR rows at once (one wait per
 layer). A layer only sees the chunk's adjacency rows and the chunk's own input rows
 (:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.forward`), so every layer type
-evaluates the same way.
+evaluates the same way. An evaluation that wants only the accuracy counts
+(:func:`full_graph_counts`) counts each chunk of logits as the last layer makes it:
+the logits matrix is never whole either.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dgl_scalegnn.distributed.comm import all_reduce
 from dgl_scalegnn.model.convs import GraphLayer
 from dgl_scalegnn.model.convs.base import Narrowed
 from dgl_scalegnn.model.layers import Head, InputProjection
+from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.full_graph import (
@@ -49,6 +52,7 @@ from dgl_scalegnn.sampling.full_graph import (
 __all__ = [
     "EVAL_STEP",
     "full_graph_forward",
+    "full_graph_counts",
     "full_graph_chunk_rows",
     "full_graph_memory",
     "full_graph_buffer_bytes",
@@ -56,6 +60,10 @@ __all__ = [
 
 #: Step key of full-graph evaluation (no dropout, so it only has to be some integer).
 EVAL_STEP = -1
+
+#: What receives each chunk of logits where they are counted instead of kept: the
+#: chunk, its logits and their spec (the chunk's rows).
+ChunkSink = Callable[[RowChunk, torch.Tensor, ShardSpec], None]
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,63 @@ def full_graph_forward(
     native kernels are on (:class:`~dgl_scalegnn.sampling.full_graph.CSRRows`).
     ``model`` must be in evaluation mode.
     """
+    logits, spec = _forward(model, graph, chunk_rows, None)
+    assert logits is not None  # no sink: the logits are kept
+    return logits, spec
+
+
+@torch.no_grad()
+def full_graph_counts(
+    model: ParallelScaleGNN,
+    graph: FullGraph,
+    objective: Objective,
+    chunk_rows: int | None = None,
+) -> dict[str, tuple[float, float]]:
+    """Per split, (correct, total) over every vertex of ``graph`` (micro-F1 terms if
+    multi-label; :meth:`~dgl_scalegnn.model.objective.Objective.counts`), summed over the
+    grid: :func:`full_graph_forward`'s logits, each chunk counted as the last layer makes
+    it, so that they are never whole (on the products-like 1M graph, 47 classes: a
+    188 MB matrix, whose first touch took 0.02-0.25 s a round).
+    """
+    if not model.layers:  # the head alone: its logits are no larger than its input
+        logits, spec = full_graph_forward(model, graph, chunk_rows)
+        return objective.counts(logits, spec, graph)
+    totals: dict[str, list[float]] = {}
+
+    def count(chunk: RowChunk, logits: torch.Tensor, spec: ShardSpec) -> None:
+        rows = slice(chunk.start, chunk.stop)
+        part = FullGraph(
+            rows=chunk.rows,
+            blocks={},
+            features=graph.features[:0],
+            labels=graph.labels[rows],
+            masks={split: mask[rows] for split, mask in graph.masks.items()},
+        )
+        for split, hits_total in objective.counts(logits, spec, part).items():
+            sums = totals.setdefault(split, [0.0, 0.0])
+            sums[0], sums[1] = sums[0] + hits_total[0], sums[1] + hits_total[1]
+
+    _forward(model, graph, chunk_rows, count)
+    runtime = model.runtime
+    splits = sorted(graph.masks)
+    local = torch.tensor(
+        [totals.get(split, [0.0, 0.0]) for split in splits],
+        dtype=torch.float64,
+        device=graph.features.device,
+    )
+    # each replica counted its own chunks (_by_row_chunks)
+    summed = all_reduce(local, runtime.grid.dp_group, runtime.profiler, component="dp_allreduce")
+    return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, summed.cpu())}
+
+
+def _forward(
+    model: ParallelScaleGNN,
+    graph: FullGraph,
+    chunk_rows: int | None,
+    sink: ChunkSink | None,
+) -> tuple[torch.Tensor | None, ShardSpec]:
+    """:func:`full_graph_forward`, or with ``sink`` each chunk of logits given to it
+    instead of kept (``None`` for the logits then)."""
     if model.training:
         raise RuntimeError("full-graph evaluation: call model.eval() first")
     if chunk_rows is None:
@@ -142,7 +207,7 @@ def full_graph_forward(
         hidden = _by_row_chunks(model, spec, chunk_rows, graph.features.dtype, project)
     else:
         hidden = graph.features  # every layout is the whole matrix: no copy
-    if not model.layers:
+    if not model.layers:  # full_graph_counts gives no sink here
         return model.head(hidden, spec)
     projection = model.input_layer if buffers.fold else None
     for index, (layer, out_spec) in enumerate(zip(model.layers, buffers.outputs)):
@@ -164,6 +229,7 @@ def full_graph_forward(
             taken,
             made_spec,
             chunk_rows,
+            sink if last else None,
         )
         spec, projection = out_spec, None
     return hidden, spec
@@ -232,12 +298,13 @@ def _layer(
     taken: list[torch.Tensor],
     made_spec: ShardSpec,
     chunk_rows: int,
-) -> torch.Tensor:
+    sink: ChunkSink | None,
+) -> torch.Tensor | None:
     """``layer_pass`` on the whole graph, one chunk of output rows at a time, into a matrix of
     ``made_spec`` (the layer's output, the head's logits, or the next layer's narrowed
-    input), from the layer input that ``taken`` holds (the list is emptied, so that the
-    input is freed here). A layer that narrows reads only its narrowed input, which
-    takes the input's place."""
+    input), or each chunk into ``sink`` (then ``None``), from the layer input that
+    ``taken`` holds (the list is emptied, so that the input is freed here). A layer that
+    narrows reads only its narrowed input, which takes the input's place."""
     grid = model.runtime.grid
     coords = grid.coords
     layer, spec, projection = layer_pass.layer, layer_pass.spec, layer_pass.projection
@@ -272,7 +339,7 @@ def _layer(
             return layer_pass.then.narrowed_input(out, layer_spec, None)
         return out
 
-    return _by_row_chunks(model, made_spec, chunk_rows, layer_input.dtype, compute)
+    return _by_row_chunks(model, made_spec, chunk_rows, layer_input.dtype, compute, sink)
 
 
 def _by_row_chunks(
@@ -281,21 +348,29 @@ def _by_row_chunks(
     chunk_rows: int,
     dtype: torch.dtype,
     compute: Callable[[RowChunk], torch.Tensor],
-) -> torch.Tensor:
-    """The local shard of the full-graph matrix ``spec``, filled chunk by chunk.
+    sink: ChunkSink | None = None,
+) -> torch.Tensor | None:
+    """The local shard of the full-graph matrix ``spec``, filled chunk by chunk; with
+    ``sink``, each chunk and its spec given to it instead (then ``None``).
 
     The data-parallel replicas hold the same shard: each computes every ``Gd``-th chunk
     (from its own index, so that high-degree rows spread over the replicas) into zeros,
     and one all-reduce over the replicas completes the shard on each. Adding zeros is
-    exact, so every grid still computes what one process computes.
+    exact, so every grid still computes what one process computes. A sink sees only its
+    replica's chunks.
     """
     runtime = model.runtime
     grid, replicas = runtime.grid, runtime.grid.dp_group
     device = spec.rows.vertex_ids.device
+    axis = spec.layout.rows
+    chunks = row_chunks(spec.rows.num_nodes, axis, grid.shape, grid.coords, chunk_rows, device)
+    mine = (chunk for chunk in chunks if chunk.index % replicas.size == replicas.index)
+    if sink is not None:
+        for chunk in mine:
+            sink(chunk, compute(chunk), ShardSpec(spec.layout, chunk.rows, spec.num_cols))
+        return None
     shape = spec.local_shape(grid.shape, grid.coords)
     out = (torch.zeros if replicas.size > 1 else torch.empty)(shape, dtype=dtype, device=device)
-    axis = spec.layout.rows
-    for chunk in row_chunks(spec.rows.num_nodes, axis, grid.shape, grid.coords, chunk_rows, device):
-        if chunk.index % replicas.size == replicas.index:
-            out[chunk.start : chunk.stop] = compute(chunk)
+    for chunk in mine:
+        out[chunk.start : chunk.stop] = compute(chunk)
     return all_reduce(out, replicas, runtime.profiler, component="dp_allreduce")

@@ -33,7 +33,7 @@ from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
 from dgl_scalegnn.model.full_graph import (
     full_graph_chunk_rows,
-    full_graph_forward,
+    full_graph_counts,
     full_graph_memory,
 )
 from dgl_scalegnn.model.neighbourhood import (
@@ -425,10 +425,7 @@ class Trainer:
         if self.evaluation == "neighbourhood":
             counts = self._neighbourhood_counts()
         else:
-            graph = self.store.full_graph()
-            logits, spec = full_graph_forward(self.model, graph)
-            counts = self.objective.counts(logits, spec, graph)
-            del logits
+            counts = full_graph_counts(self.model, self.store.full_graph(), self.objective)
         release_free_heap()  # the evaluation's row chunks, else the next one grows the heap
         return {
             f"{split}_acc": c / total if total else None for split, (c, total) in counts.items()

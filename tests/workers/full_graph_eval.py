@@ -5,8 +5,9 @@ each model variant of the spec, saves ``rank{r}_{variant}.pt`` to ``spec["out"]`
 logits shard of :func:`~dgl_scalegnn.model.full_graph.full_graph_forward` (``spec["chunk_rows"]``
 rows per chunk) and of the training forward on a whole-graph batch built with
 :func:`~dgl_scalegnn.sampling.blocks.full_block` (the evaluation before the layer-wise
-one), the accuracy counts of both, and the bytes of the evaluation's whole-graph
-matrices.
+one), the accuracy counts of both and those counted chunk by chunk
+(:func:`~dgl_scalegnn.model.full_graph.full_graph_counts`), and the bytes of the
+evaluation's whole-graph matrices.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import torch
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.model.full_graph import full_graph_buffer_bytes, full_graph_forward
+from dgl_scalegnn.model.full_graph import (
+    full_graph_buffer_bytes,
+    full_graph_counts,
+    full_graph_forward,
+)
 from dgl_scalegnn.parallel.spmm import build_local_spmm
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.blocks import full_block
@@ -67,6 +72,9 @@ def main(spec_path: str) -> None:
                 "accuracy": trainer.evaluate(),
                 "batch_counts": trainer.objective.counts(batch_logits, logits_spec, whole),
                 "counts": trainer.objective.counts(logits, logits_spec, graph),
+                "chunk_counts": full_graph_counts(
+                    trainer.model, graph, trainer.objective, spec["chunk_rows"]
+                ),
                 "buffer_bytes": full_graph_buffer_bytes(trainer.model, graph),
                 "params": {
                     n: p.detach().clone() for n, p in trainer.model.sharded_state_dict().items()
