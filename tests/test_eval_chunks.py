@@ -45,6 +45,7 @@ from dgl_scalegnn.sampling.full_graph import (
     chunk_rows_for,
     default_chunk_rows,
 )
+from dgl_scalegnn.train import trainer as trainer_module
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 from tests.gpu.host_syncs import HostSyncCounter
@@ -290,3 +291,20 @@ def test_the_documented_papers100m_projection_is_the_models():
                 f"{seconds:.1f} s | {epoch:.2f} s |"
             )
             assert row in doc, row
+
+
+def test_evaluate_fixes_the_heap_before_its_chunks_and_gives_it_back_after(trainer, monkeypatch):
+    """glibc's dynamic mapping threshold mapped a chunk's temporaries afresh chunk after
+    chunk (page faults every chunk): :meth:`Trainer.evaluate` fixes it first
+    (``return_freed_heap``), also when called on its own, and gives the heap back after."""
+    calls = []
+    counts = trainer_module.full_graph_counts
+    monkeypatch.setattr(trainer_module, "return_freed_heap", lambda: calls.append("fixed"))
+    monkeypatch.setattr(trainer_module, "release_free_heap", lambda: calls.append("released"))
+    monkeypatch.setattr(
+        trainer_module,
+        "full_graph_counts",
+        lambda *args, **kwargs: calls.append("counted") or counts(*args, **kwargs),
+    )
+    trainer.evaluate()
+    assert calls == ["fixed", "counted", "released"]

@@ -80,11 +80,8 @@ class Objective:
         else:
             predicted = parallel_argmax(logits, spec, self.runtime)
             correct = predicted == batch.labels
-            counts = torch.stack(
-                [
-                    torch.stack(((correct & batch.masks[s]).sum(), batch.masks[s].sum()))
-                    for s in splits
-                ]
-            ).double()
+            # every split in two reductions (an evaluation counts each chunk of logits)
+            masks = torch.stack([batch.masks[s] for s in splits])
+            counts = torch.stack(((masks & correct).sum(1), masks.sum(1)), dim=1).double()
         counts = all_reduce(counts, grid.group(spec.layout.rows), profiler)
         return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, counts)}

@@ -170,6 +170,8 @@ def parallel_argmax(logits: torch.Tensor, spec: ShardSpec, runtime: Runtime) -> 
     group = grid.group(spec.layout.cols)
     class_start, _ = spec.col_range(grid.shape, grid.coords)
     logits = logits.float()
+    if group.size == 1:  # every class here (class_start 0): no other rank to compare with
+        return logits.max(dim=1)[1]
     if logits.shape[1]:
         local_max, local_arg = logits.max(dim=1)
     else:

@@ -129,7 +129,10 @@ class SAGELayer(GraphLayer):
             )
             mean = neighbour_mean(summed, count)  # mean(X) W
             out_spec = aggregated_spec.with_layout(aggregated_spec.layout.after_linear(), out)
-            return Product(narrowed.own[:, out:] + mean, out_spec, mean, aggregated_spec)
+            own = narrowed.own[:, out:]
+            # without autograd into the SpMM's own new matrix (no residual reads it here)
+            hidden = mean.add_(own) if not torch.is_grad_enabled() else own + mean
+            return Product(hidden, out_spec, mean, aggregated_spec)
         summed, aggregated_spec = self.aggregate(x, spec, adjacency, projection)
         mean = neighbour_mean(summed, count)
         aggregated_spec = aggregated_spec.with_layout(aggregated_spec.layout, mean.shape[1])
