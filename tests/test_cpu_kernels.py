@@ -295,7 +295,7 @@ def test_csr_kernels_at_every_width_read_column_slices_in_place(index_dtype):
 # columns past x's last row would fault (a crash of the child, not of the test run).
 _GUARD_PAGE_CHILD = """
 import ctypes, mmap, torch
-from dgl_scalegnn.parallel import cpu_kernels, elementwise
+from dgl_scalegnn.parallel import cpu_kernels
 page = mmap.PAGESIZE
 memory = mmap.mmap(-1, 2 * page)
 start = ctypes.addressof(ctypes.c_char.from_buffer(memory))

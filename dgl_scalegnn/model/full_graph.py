@@ -35,7 +35,7 @@ from dgl_scalegnn.distributed.comm import all_reduce
 from dgl_scalegnn.model.convs import GraphLayer
 from dgl_scalegnn.model.convs.base import Narrowed
 from dgl_scalegnn.model.layers import Head, InputProjection
-from dgl_scalegnn.model.objective import Objective
+from dgl_scalegnn.model.objective import Objective, add_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.full_graph import (
@@ -155,7 +155,7 @@ def full_graph_counts(
     if not model.layers:  # the head alone: its logits are no larger than its input
         logits, spec = full_graph_forward(model, graph, chunk_rows)
         return objective.counts(logits, spec, graph)
-    totals: dict[str, list[float]] = {}
+    totals: dict[str, tuple[float, float]] = {}
 
     def count(chunk: RowChunk, logits: torch.Tensor, spec: ShardSpec) -> None:
         rows = slice(chunk.start, chunk.stop)
@@ -166,15 +166,13 @@ def full_graph_counts(
             labels=graph.labels[rows],
             masks={split: mask[rows] for split, mask in graph.masks.items()},
         )
-        for split, hits_total in objective.counts(logits, spec, part).items():
-            sums = totals.setdefault(split, [0.0, 0.0])
-            sums[0], sums[1] = sums[0] + hits_total[0], sums[1] + hits_total[1]
+        add_counts(totals, objective.counts(logits, spec, part))
 
     _forward(model, graph, chunk_rows, count)
     runtime = model.runtime
     splits = sorted(graph.masks)
     local = torch.tensor(
-        [totals.get(split, [0.0, 0.0]) for split in splits],
+        [totals.get(split, (0.0, 0.0)) for split in splits],
         dtype=torch.float64,
         device=graph.features.device,
     )

@@ -37,7 +37,7 @@ from dgl_scalegnn.core.layout import INPUT_LAYOUT, split_bounds
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
 from dgl_scalegnn.model.full_graph import EVAL_STEP
-from dgl_scalegnn.model.objective import Objective
+from dgl_scalegnn.model.objective import Objective, add_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
@@ -265,7 +265,5 @@ class NeighbourhoodEvaluator:
                     for split in ("train", "val", "test")
                 },
             )
-            for split, (hits, total) in objective.counts(logits, spec, chunk).items():
-                before = totals.get(split, (0.0, 0.0))
-                totals[split] = (before[0] + hits, before[1] + total)
+            add_counts(totals, objective.counts(logits, spec, chunk))
         return totals

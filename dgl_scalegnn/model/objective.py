@@ -9,6 +9,8 @@ mask is set.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
@@ -25,7 +27,23 @@ from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.full_graph import FullGraph
 
-__all__ = ["Objective"]
+__all__ = ["Objective", "add_counts"]
+
+
+def add_counts(
+    totals: dict[str, tuple[float, float]], counts: Mapping[str, tuple[float, float]]
+) -> None:
+    """Adds ``counts`` (per split, :meth:`Objective.counts`' (correct, total)) into
+    ``totals``, those of the pieces counted before.
+
+    >>> totals = {"val": (1.0, 2.0)}
+    >>> add_counts(totals, {"val": (3.0, 4.0), "test": (0.0, 1.0)})
+    >>> totals
+    {'val': (4.0, 6.0), 'test': (0.0, 1.0)}
+    """
+    for split, (hits, total) in counts.items():
+        before = totals.get(split, (0.0, 0.0))
+        totals[split] = (before[0] + hits, before[1] + total)
 
 
 class Objective:
