@@ -32,6 +32,10 @@ from typing import Any, TypeVar
 import yaml
 
 __all__ = [
+    "InputError",
+    "ResourceError",
+    "BAD_INPUT_EXIT_CODE",
+    "RESOURCE_EXIT_CODE",
     "ConfigError",
     "DataConfig",
     "SyntheticConfig",
@@ -87,6 +91,19 @@ def say_input_error(error: BaseException) -> None:
     lines = [line.strip() for line in str(error).splitlines() if not _TRACE_LINE.match(line)]
     print(f"scalegnn: error: {lines[0] if lines else type(error).__name__}", file=sys.stderr)
     sys.stderr.flush()
+
+
+#: Exit code of bad input (:class:`InputError`): the same on every rank and launcher.
+BAD_INPUT_EXIT_CODE = 2
+#: Exit code of a run the machine could not carry (:class:`ResourceError`): a full disk,
+#: a path that cannot be written, a rank out of memory. Fix the machine, then resume.
+RESOURCE_EXIT_CODE = 74
+
+
+class ResourceError(Exception):
+    """The machine lacks what the run needs (disk space, memory, a writable path) rather
+    than the input being wrong: ``scalegnn`` says it in one line and exits with
+    :data:`RESOURCE_EXIT_CODE` (74, ``EX_IOERR`` of sysexits.h)."""
 
 
 class ConfigError(InputError, ValueError):
