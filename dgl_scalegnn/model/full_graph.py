@@ -35,7 +35,7 @@ from dgl_scalegnn.distributed.comm import all_reduce
 from dgl_scalegnn.model.convs import GraphLayer
 from dgl_scalegnn.model.convs.base import Narrowed
 from dgl_scalegnn.model.layers import Head, InputProjection
-from dgl_scalegnn.model.objective import Objective, add_counts
+from dgl_scalegnn.model.objective import Objective, split_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.full_graph import (
@@ -150,14 +150,17 @@ def full_graph_counts(
     multi-label; :meth:`~dgl_scalegnn.model.objective.Objective.counts`), summed over the
     grid: :func:`full_graph_forward`'s logits, each chunk counted as the last layer makes
     it, so that they are never whole (on the products-like 1M graph, 47 classes: a
-    188 MB matrix, whose first touch took 0.02-0.25 s a round).
+    188 MB matrix, whose first touch took 0.02-0.25 s a round). The chunks' counts add up
+    on the device and are read back once, after the last chunk.
     """
     if not model.layers:  # the head alone: its logits are no larger than its input
         logits, spec = full_graph_forward(model, graph, chunk_rows)
         return objective.counts(logits, spec, graph)
-    totals: dict[str, tuple[float, float]] = {}
+    splits = sorted(graph.masks)
+    total = torch.zeros(len(splits), 2, dtype=torch.float64, device=graph.features.device)
 
     def count(chunk: RowChunk, logits: torch.Tensor, spec: ShardSpec) -> None:
+        nonlocal total
         rows = slice(chunk.start, chunk.stop)
         part = FullGraph(
             rows=chunk.rows,
@@ -166,19 +169,13 @@ def full_graph_counts(
             labels=graph.labels[rows],
             masks={split: mask[rows] for split, mask in graph.masks.items()},
         )
-        add_counts(totals, objective.counts(logits, spec, part))
+        total = total + objective.count_tensor(logits, spec, part, splits)
 
     _forward(model, graph, chunk_rows, count)
     runtime = model.runtime
-    splits = sorted(graph.masks)
-    local = torch.tensor(
-        [totals.get(split, (0.0, 0.0)) for split in splits],
-        dtype=torch.float64,
-        device=graph.features.device,
-    )
     # each replica counted its own chunks (_by_row_chunks)
-    summed = all_reduce(local, runtime.grid.dp_group, runtime.profiler, component="dp_allreduce")
-    return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, summed.cpu())}
+    summed = all_reduce(total, runtime.grid.dp_group, runtime.profiler, component="dp_allreduce")
+    return split_counts(splits, summed)
 
 
 def _forward(

@@ -37,7 +37,7 @@ from dgl_scalegnn.core.layout import INPUT_LAYOUT, split_bounds
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
 from dgl_scalegnn.model.full_graph import EVAL_STEP
-from dgl_scalegnn.model.objective import Objective, add_counts
+from dgl_scalegnn.model.objective import Objective, split_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
@@ -47,6 +47,7 @@ from dgl_scalegnn.sampling.neighbourhood import hop, hubs, pieces, read_vertex_r
 __all__ = [
     "PIECE_ENTRIES",
     "COUNT_CHUNK_ROWS",
+    "SPLITS",
     "HUB_CACHE_BYTES",
     "one_rank_copy",
     "NeighbourhoodEvaluator",
@@ -60,6 +61,8 @@ __all__ = [
 PIECE_ENTRIES = 65536
 #: Vertices whose logits are computed (and counted) together.
 COUNT_CHUNK_ROWS = 16384
+#: The splits counted, in the order of :meth:`NeighbourhoodEvaluator.count_tensor`.
+SPLITS = ("train", "val", "test")
 #: What the kept hidden rows of the highest-degree vertices may take: on the sparse 10M
 #: graph (hidden 128, two layers) the 128,159 vertices of degree 63 and more (the 62s
 #: would not all fit), which hold 21% of the entries.
@@ -237,16 +240,17 @@ class NeighbourhoodEvaluator:
         return hidden, spec
 
     @torch.no_grad()
-    def counts(
-        self,
-        vertices: tuple[int, int],
-        chunk_rows: int = COUNT_CHUNK_ROWS,
-    ) -> dict[str, tuple[float, float]]:
-        """Per split, (correct, total) over vertices ``[start, stop)`` (micro-F1 terms if
-        multi-label), ``chunk_rows`` vertices' logits at a time; not summed over ranks."""
+    def count_tensor(
+        self, vertices: tuple[int, int], chunk_rows: int = COUNT_CHUNK_ROWS
+    ) -> torch.Tensor:
+        """Per split of :data:`SPLITS`, (correct, total) over vertices ``[start, stop)``
+        (micro-F1 terms if multi-label), ``chunk_rows`` vertices' logits at a time; not
+        summed over ranks: a ``(3, 2)`` float64 tensor on the device, added up
+        there (:meth:`~dgl_scalegnn.model.objective.Objective.count_tensor`), nothing read
+        back."""
         graph, device = self.graph, self.device
         objective = Objective(self.model.runtime, multilabel=graph.meta.multilabel)
-        totals: dict[str, tuple[float, float]] = {}
+        total = torch.zeros(len(SPLITS), 2, dtype=torch.float64, device=device)
         for start in range(vertices[0], vertices[1], chunk_rows):
             stop = min(start + chunk_rows, vertices[1])
             targets = np.arange(start, stop, dtype=np.int64)
@@ -262,8 +266,14 @@ class NeighbourhoodEvaluator:
                     split: torch.from_numpy(
                         np.asarray(getattr(graph, f"{split}_mask")[start:stop])
                     ).to(device)
-                    for split in ("train", "val", "test")
+                    for split in SPLITS
                 },
             )
-            add_counts(totals, objective.counts(logits, spec, chunk))
-        return totals
+            total = total + objective.count_tensor(logits, spec, chunk, SPLITS)
+        return total
+
+    def counts(
+        self, vertices: tuple[int, int], chunk_rows: int = COUNT_CHUNK_ROWS
+    ) -> dict[str, tuple[float, float]]:
+        """:meth:`count_tensor`, per split, read back once."""
+        return split_counts(SPLITS, self.count_tensor(vertices, chunk_rows))

@@ -9,7 +9,7 @@ mask is set.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 import torch
 
@@ -27,23 +27,7 @@ from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.full_graph import FullGraph
 
-__all__ = ["Objective", "add_counts"]
-
-
-def add_counts(
-    totals: dict[str, tuple[float, float]], counts: Mapping[str, tuple[float, float]]
-) -> None:
-    """Adds ``counts`` (per split, :meth:`Objective.counts`' (correct, total)) into
-    ``totals``, those of the pieces counted before.
-
-    >>> totals = {"val": (1.0, 2.0)}
-    >>> add_counts(totals, {"val": (3.0, 4.0), "test": (0.0, 1.0)})
-    >>> totals
-    {'val': (4.0, 6.0), 'test': (0.0, 1.0)}
-    """
-    for split, (hits, total) in counts.items():
-        before = totals.get(split, (0.0, 0.0))
-        totals[split] = (before[0] + hits, before[1] + total)
+__all__ = ["Objective", "split_counts"]
 
 
 class Objective:
@@ -78,12 +62,17 @@ class Objective:
         return bce_cost(layout) if multilabel else cross_entropy_cost(layout, sizes)
 
     @torch.no_grad()
-    def counts(
-        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch | FullGraph
-    ) -> dict[str, tuple[float, float]]:
-        """Per split, (correct, total) summed over the grid (micro-F1 terms if multi-label)."""
+    def count_tensor(
+        self,
+        logits: torch.Tensor,
+        spec: ShardSpec,
+        batch: RankBatch | FullGraph,
+        splits: Sequence[str],
+    ) -> torch.Tensor:
+        """Per split of ``splits``, (correct, total) summed over the grid (micro-F1 terms if
+        multi-label), as a ``(len(splits), 2)`` float64 tensor on the logits' device:
+        nothing is read back, so that the pieces of an evaluation add up on the device."""
         grid, profiler = self.runtime.grid, self.runtime.profiler
-        splits = sorted(batch.masks)
         if self.multilabel:
             class_start, class_stop = spec.col_range(grid.shape, grid.coords)
             predicted = logits > 0
@@ -101,5 +90,22 @@ class Objective:
             # every split in two reductions (an evaluation counts each chunk of logits)
             masks = torch.stack([batch.masks[s] for s in splits])
             counts = torch.stack(((masks & correct).sum(1), masks.sum(1)), dim=1).double()
-        counts = all_reduce(counts, grid.group(spec.layout.rows), profiler)
-        return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, counts)}
+        return all_reduce(counts, grid.group(spec.layout.rows), profiler)
+
+    @torch.no_grad()
+    def counts(
+        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch | FullGraph
+    ) -> dict[str, tuple[float, float]]:
+        """Per split, (correct, total) summed over the grid (micro-F1 terms if
+        multi-label): :meth:`count_tensor` of every split, read back once."""
+        splits = sorted(batch.masks)
+        return split_counts(splits, self.count_tensor(logits, spec, batch, splits))
+
+
+def split_counts(splits: Sequence[str], counts: torch.Tensor) -> dict[str, tuple[float, float]]:
+    """``counts`` (:meth:`Objective.count_tensor` of ``splits``) per split, read back once.
+
+    >>> split_counts(["train", "val"], torch.tensor([[3.0, 4.0], [1.0, 2.0]]))
+    {'train': (3.0, 4.0), 'val': (1.0, 2.0)}
+    """
+    return {split: (hits, total) for split, (hits, total) in zip(splits, counts.tolist())}

@@ -127,7 +127,8 @@ class _BCEFn(torch.autograd.Function):
             per_entry = torch.nn.functional.binary_cross_entropy_with_logits(
                 logits, targets, reduction="none"
             )
-            local = per_entry[mask].sum()
+            # a masked sum, no boolean indexing: no host synchronisation
+            local = torch.where(mask.unsqueeze(1), per_entry, 0.0).sum()
         local = all_reduce(local.reshape(1), grid.group(layout.cols), profiler)
         totals = torch.cat((local, mask.sum().to(local.dtype).reshape(1)))
         totals = all_reduce(totals, grid.group(layout.rows), profiler)

@@ -38,10 +38,11 @@ from dgl_scalegnn.model.full_graph import (
 )
 from dgl_scalegnn.model.neighbourhood import (
     COUNT_CHUNK_ROWS,
+    SPLITS,
     NeighbourhoodEvaluator,
     one_rank_copy,
 )
-from dgl_scalegnn.model.objective import Objective
+from dgl_scalegnn.model.objective import Objective, split_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind
 from dgl_scalegnn.parallel.data_parallel import average_gradients
@@ -448,20 +449,13 @@ class Trainer:
         start, stop = bounds[rank], bounds[rank + 1]
         model = one_rank_copy(self.model)
         evaluator = NeighbourhoodEvaluator(model, self.graph, share=(rank, world))
-        splits = ("train", "val", "test")
-        total = torch.zeros(len(splits), 2, dtype=torch.float64, device=self.device)
+        total = torch.zeros(len(SPLITS), 2, dtype=torch.float64, device=self.device)
         for index in range(chunk_count(num_nodes, world, COUNT_CHUNK_ROWS)):
             first = min(stop, start + index * COUNT_CHUNK_ROWS)
             last = min(stop, first + COUNT_CHUNK_ROWS)
-            counts = evaluator.counts((first, last)) if first < last else {}
-            chunk = torch.tensor(
-                [counts.get(split, (0.0, 0.0)) for split in splits],
-                dtype=torch.float64,
-                device=self.device,
-            )
-            total += reduce_over_world(chunk)
+            total += reduce_over_world(evaluator.count_tensor((first, last)))  # on the device
             release_free_heap()  # the chunk's pieces are freed: give their heap back
-        return {split: (float(c[0]), float(c[1])) for split, c in zip(splits, total.cpu())}
+        return split_counts(SPLITS, total)  # read back once
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
