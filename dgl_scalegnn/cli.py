@@ -118,8 +118,17 @@ def _report(args: argparse.Namespace) -> int:
     from dgl_scalegnn.train.report import plot_runs, read_runs, run_table
 
     runs = read_runs(args.runs)
-    print("\n".join(run_table(runs)))
-    print(f"wrote {plot_runs(runs, args.out)}")
+    for run in runs:
+        if run.torn_line is not None:
+            print(
+                f"scalegnn: {run.source}, line {run.torn_line}: torn (the run stopped while "
+                "writing it); reporting the events before it",
+                file=sys.stderr,
+            )
+    table = run_table(runs)
+    written = plot_runs(runs, args.out)  # refuses an --out that would lose a file first
+    print("\n".join(table))
+    print(f"wrote {written}")
     return 0
 
 
@@ -142,13 +151,16 @@ def _predict(args: argparse.Namespace) -> int:
     import torch
 
     from dgl_scalegnn.train.export import load_model, read_graph
+    from dgl_scalegnn.train.outputs import TORCH_FILE, check_output, write_output
 
+    inputs = [("--model file", args.model), ("--graph file", args.graph)]
+    check_output(args.out, "--out", TORCH_FILE, inputs)
     model = load_model(args.model)
     graph = read_graph(args.graph)
     logits = model(graph)
     accuracy = model.accuracy(graph, logits)
     result = {"logits": logits, "predicted": model.classes(logits), "accuracy": accuracy}
-    torch.save(result, args.out)
+    write_output(args.out, "--out", lambda file: torch.save(result, file))
     scores = "".join(f" | {split} {value:.4f}" for split, value in accuracy.items())
     print(f"{graph.num_nodes()} vertices{scores} -> {args.out}")
     return 0

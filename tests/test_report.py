@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from dgl_scalegnn.cli import main
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.train.metrics import read_metrics
 from dgl_scalegnn.train.run import run_training
+from dgl_scalegnn.train.trainer import Trainer
 
 TINY = {
     "data": {"synthetic": {"num_nodes": 600, "num_features": 8}},
@@ -96,3 +99,37 @@ def test_a_missing_or_foreign_file_is_one_line(tmp_path, capsys):
         "'event' key); give a file written by scalegnn train --metrics\n"
     )
     assert not (tmp_path / "report.png").exists()
+
+
+def test_a_torn_last_line_is_left_out_and_said(run, tmp_path, capsys):
+    """A run stopped while writing an event leaves a torn last line: the rest is read."""
+    torn = tmp_path / "torn.jsonl"
+    torn.write_text(run.read_text() + '{"event": "step", "epoch": 2, "step": 6, "lo')
+    assert read_metrics(torn) == read_metrics(run)
+    assert main(["report", str(run), "--out", str(tmp_path / "whole.png")]) == 0
+    whole = _table(capsys.readouterr().out)
+    assert main(["report", str(torn), "--out", str(tmp_path / "torn.png")]) == 0
+    said = capsys.readouterr()
+    lines = run.read_text().count("\n")
+    assert said.err == (
+        f"scalegnn: {torn}, line {lines + 1}: torn (the run stopped while writing it); "
+        "reporting the events before it\n"
+    )
+    assert {**_table(said.out), "run": ["target"]} == whole
+
+
+def test_a_preempted_run_is_marked(tmp_path, capsys, monkeypatch):
+    sample = Trainer.sample
+
+    def signalled(trainer: Trainer, global_step: int):
+        if global_step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler records it
+        return sample(trainer, global_step)
+
+    monkeypatch.setattr(Trainer, "sample", signalled)
+    metrics = tmp_path / "preempted.jsonl"
+    summary = run_training(config_from_mapping(TINY), str(metrics))
+    assert summary["preempted"]["step"] == summary["steps"] == 3
+    capsys.readouterr()
+    assert main(["report", str(metrics), "--out", str(tmp_path / "preempted.png")]) == 0
+    assert _table(capsys.readouterr().out)["steps"] == ["3 (preempted by a signal)"]

@@ -14,7 +14,8 @@ the console is a view of them, the same on a terminal, under ``mpirun``, ``srun`
 
 - between evaluations, a loss line every ``output.log_every`` steps;
 - a closing summary: best validation and the test accuracy there, the time to the
-  target (or why there is none), peak memory per rank, and the files written.
+  target (or why there is none), peak memory per rank, and the files written (a
+  metrics file deleted or moved during the run is said to be).
 
 On a terminal ``train.progress`` adds a bar of the steps on stderr; lines are printed
 above it, never into it.
@@ -77,6 +78,7 @@ class Console:
         self._step_seconds: list[float] = []
         self._pending: str | None = None  # a loss line, dropped if an evaluation follows
         self._eval_seconds = 0.0
+        self._metrics_lost: bool | None = None  # deleted (True) or moved during the run
 
     # ------------------------------------------------------------------ output
     def _say(self, text: str) -> None:
@@ -95,6 +97,11 @@ class Console:
         handler = getattr(self, f"_on_{record['event']}", None)
         if handler is not None:
             handler(record)
+
+    def metrics_lost(self, deleted: bool) -> None:
+        """The metrics file was deleted (or, ``deleted`` false, moved) during the run:
+        the summary does not name it as written."""
+        self._metrics_lost = deleted
 
     def close(self) -> None:
         self._flush_pending()
@@ -211,10 +218,18 @@ class Console:
             self._say(f"  test     {test} at the last evaluation (no validation vertices)")
         self._say(f"  target   {self._target(record)}")
         self._say(f"  memory   peak per rank {_megabytes(record['max_rss_mb'])}")
-        files = [f"metrics {self._start['metrics']}"] if self._start.get("metrics") else []
+        files = [self._metrics_file()] if self._start.get("metrics") else []
         if record.get("checkpoint"):
             files.append(f"checkpoint {record['checkpoint']}")
         self._say(f"  files    {'; '.join(files) or 'none (no --metrics, no output.dir)'}")
+
+    def _metrics_file(self) -> str:
+        path = self._start["metrics"]
+        if self._metrics_lost is None:
+            return f"metrics {path}"
+        if self._metrics_lost:
+            return f"metrics lost ({path} was deleted during the run)"
+        return f"metrics moved ({path} was moved during the run; its events went with it)"
 
     def _target(self, record: dict[str, Any]) -> str:
         train = self._config.get("config", {}).get("train", {})

@@ -64,6 +64,7 @@ from dgl_scalegnn.train.checkpoint import (
     choose_checkpoint,
     read_checkpoint,
 )
+from dgl_scalegnn.train.outputs import TORCH_FILE, check_output, write_output
 
 __all__ = [
     "ExportError",
@@ -180,9 +181,18 @@ def export_checkpoint(
         recorded) or is not the one the model was trained on.
     CheckpointError
         A checkpoint that does not verify (:func:`~dgl_scalegnn.train.checkpoint.read_checkpoint`).
+    OutputError
+        ``out`` is a file of the checkpoint or the training graph, in a checkpoint
+        directory, a directory or a file of another kind
+        (:func:`~dgl_scalegnn.train.outputs.check_output`).
+    ResourceError
+        ``out`` cannot be written (it is then left as it was).
     """
     found = _checkpoint(Path(checkpoint))
     config = found.meta["config"]
+    training_graph = config.get("data", {}).get("path")
+    inputs = [("checkpoint", found.path), ("training graph file", training_graph)]
+    check_output(out, "--out", TORCH_FILE, inputs)
     cfg = ModelConfig(**_model_section(config.get("model", {}), found.path))
     params, in_features, num_classes = _parameters(found, cfg)
     try:
@@ -205,9 +215,7 @@ def export_checkpoint(
             "dataset": data.name,
         },
     }
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(record, path)
+    write_output(out, "--out", lambda file: torch.save(record, file))
     return record
 
 

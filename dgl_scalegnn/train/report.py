@@ -3,7 +3,8 @@
 A metrics file (:mod:`~dgl_scalegnn.train.metrics`) holds one run, or several where
 runs appended to it: each ``config`` event starts one. Every run is labelled by its
 file's stem (with its number in the file, when the file holds several, and its grid,
-when two runs would share a label).
+when two runs would share a label). A torn last line (a run that stopped while writing
+it) is left out, and the run records its line number (:attr:`Run.torn_line`).
 
 The table has a column per run and a row per figure: the grid and its ranks, steps,
 epochs, the best validation accuracy (and its step), the test accuracy at it, the time
@@ -53,6 +54,8 @@ from typing import Any
 import numpy as np
 
 from dgl_scalegnn.config import InputError
+from dgl_scalegnn.train.metrics import whole_lines
+from dgl_scalegnn.train.outputs import PNG_IMAGE, check_output, write_output
 
 __all__ = ["Run", "read_runs", "run_figures", "run_table", "plot_runs", "MetricsFileError"]
 
@@ -63,7 +66,8 @@ class MetricsFileError(InputError, ValueError):
 
 @dataclass
 class Run:
-    """The events of one run, by kind, and its label."""
+    """The events of one run, by kind, and its label; ``torn_line``, on the last run of
+    a file whose last line is torn, is that line's number (1-based)."""
 
     label: str
     source: Path
@@ -71,14 +75,16 @@ class Run:
     steps: list[dict[str, Any]] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] | None = None
+    torn_line: int | None = None
 
     @property
     def grid(self) -> str:
         return str(self.config.get("grid", "?"))
 
 
-def _events(path: Path) -> list[dict[str, Any]]:
-    """The events of ``path``, each line checked to be a JSON object."""
+def _events(path: Path) -> tuple[list[dict[str, Any]], int | None]:
+    """The events of ``path``, each line checked to be a JSON object, and the number of
+    its torn last line (``None`` if it has none)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -87,8 +93,9 @@ def _events(path: Path) -> list[dict[str, Any]]:
         ) from None
     except (OSError, UnicodeDecodeError) as error:
         raise MetricsFileError(f"{path}: cannot be read ({error})") from None
+    lines, torn = whole_lines(text)
     events = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -106,10 +113,10 @@ def _events(path: Path) -> list[dict[str, Any]]:
             f"{path}: holds no step or eval event; a run writes them as it trains "
             "(scalegnn train --metrics FILE)"
         )
-    return events
+    return events, None if torn is None else len(lines) + 1
 
 
-def _split(path: Path, events: list[dict[str, Any]]) -> list[Run]:
+def _split(path: Path, events: list[dict[str, Any]], torn_line: int | None) -> list[Run]:
     """The runs of one file: each ``config`` event starts one."""
     runs: list[Run] = []
     for event in events:
@@ -126,6 +133,7 @@ def _split(path: Path, events: list[dict[str, Any]]) -> list[Run]:
         elif kind == "summary":
             run.summary = event
     runs = [run for run in runs if run.steps or run.evals]
+    runs[-1].torn_line = torn_line
     if len(runs) > 1:
         for number, run in enumerate(runs, 1):
             run.label = f"{path.stem} #{number}"
@@ -138,9 +146,10 @@ def read_runs(paths: list[str | os.PathLike[str]]) -> list[Run]:
     Raises
     ------
     MetricsFileError
-        A file that is missing, not JSON lines of events, or holds no step or eval event.
+        A file that is missing, not JSON lines of events (but for a torn last line), or
+        holds no step or eval event.
     """
-    runs = [run for path in paths for run in _split(Path(path), _events(Path(path)))]
+    runs = [run for path in paths for run in _split(Path(path), *_events(Path(path)))]
     labels = [run.label for run in runs]
     for run in runs:
         if labels.count(run.label) > 1:
@@ -211,6 +220,8 @@ def run_figures(run: Run) -> dict[str, str]:
     }
     if not run.summary:
         figures["steps"] += " (stopped before its summary)"
+    elif "preempted" in run.summary:
+        figures["steps"] += " (preempted by a signal)"
     return figures
 
 
@@ -249,8 +260,20 @@ def _running_mean(values: np.ndarray, window: int) -> np.ndarray:
 
 def plot_runs(runs: list[Run], out: str | os.PathLike[str]) -> Path:
     """Draw loss and accuracy of ``runs`` against steps and training seconds into the
-    PNG ``out``; returns its path."""
+    PNG ``out`` (written whole or not at all); returns its path.
+
+    Raises
+    ------
+    OutputError
+        ``out`` is one of the runs' metrics files, a directory, in a checkpoint
+        directory or an existing file that is not a PNG
+        (:func:`~dgl_scalegnn.train.outputs.check_output`).
+    ResourceError
+        ``out`` cannot be written.
+    """
     from matplotlib.figure import Figure  # no pyplot: no display, no global state
+
+    check_output(out, "--out", PNG_IMAGE, [("metrics file", run.source) for run in runs])
 
     figure = Figure(figsize=(12, 8), dpi=100)
     axes = figure.subplots(2, 2)
@@ -284,10 +307,8 @@ def plot_runs(runs: list[Run], out: str | os.PathLike[str]) -> Path:
     handles, labels = axes[0, 0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="upper center", ncols=min(len(runs), 4), frameon=False)
     figure.tight_layout(rect=(0, 0, 1, 0.95))
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
-    return path
+    write_output(out, "--out", lambda file: figure.savefig(file, format="png"))
+    return Path(out)
 
 
 def _positive(runs: list[Run]) -> bool:

@@ -44,7 +44,7 @@ from dgl_scalegnn.train.defaults import (
     agreed_available_bytes,
     apply_graph_defaults,
 )
-from dgl_scalegnn.train.metrics import MetricsWriter
+from dgl_scalegnn.train.metrics import MetricsWriter, run_directory
 from dgl_scalegnn.train.trainer import Trainer
 
 __all__ = [
@@ -212,6 +212,7 @@ def run_training(
         )
         metrics.write(
             "config",
+            run_dir=run_directory(cfg.output.dir),  # whose run the metrics file holds
             config=cfg.to_dict(),
             grid=str(shape),
             world_size=info.world_size,
