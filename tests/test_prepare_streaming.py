@@ -18,7 +18,7 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import DataConfig, SyntheticConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.cache import cache_directory, prepare_cached
-from dgl_scalegnn.data.datasets import dataset_from_graph
+from dgl_scalegnn.data.datasets import dataset_from_graph, file_identity
 from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory, write_prepared
 from dgl_scalegnn.data.source import source_from_dataset
 from dgl_scalegnn.data.streaming import MemoryBudget, prepare_streaming
@@ -209,7 +209,9 @@ def test_stale_and_interrupted_caches_are_rebuilt(cache_dir, tmp_path, capsys):
     assert "again: stale" in capsys.readouterr().err
     files = _digests(directory)
     del files["cache.json"]
-    assert files == _reference(dataset_from_graph(dataset.graph, "dgl", 5), tmp_path / "ref", 1)
+    read = dataset_from_graph(dataset.graph, "dgl", 5)  # and the file it was read from:
+    read = dataclasses.replace(read, source_file=file_identity(path))
+    assert files == _reference(read, tmp_path / "ref", 1)
     (directory / "cache.json").unlink()  # as if the preparing rank died before the end
     prepare_cached(cfg, TINY)
     assert "interrupted" in capsys.readouterr().err

@@ -38,13 +38,19 @@ On-disk layouts
     ``ndata[data.label_key]``, by default ``feat`` and ``label``), with
     ``labels["num_classes"]`` when saved (a one-element tensor such as
     ``torch.tensor([7])``: DGL 2.1.0 loses the value of a 0-dim tensor). A file that
-    does not begin with DGL's magic number is refused before DGL reads it.
+    does not begin with DGL's magic number is refused before DGL reads it. The dataset
+    records the file's identity (:func:`file_identity`: path, size, modification time,
+    SHA-256), which a graph prepared from it keeps.
 ``synthetic``
     :func:`dgl_scalegnn.data.synthetic.generate` with ``data.synthetic``.
 
 Every loader ends in the same checks and conversions as :func:`dataset_from_graph`;
 then the features are scaled by ``data.feature_norm``
-(:mod:`~dgl_scalegnn.data.features`).
+(:mod:`~dgl_scalegnn.data.features`). Labels are read as users write them
+(:func:`as_labels`): class ids ``(N,)`` or ``(N, 1)`` (as OGB gives them), integer or
+float, with NaN or ``-1`` for an unlabelled vertex, or 0/1 multi-label targets
+``(N, C)``. Inferred class ids must be dense: ids up to more than twice the number of
+distinct ones are refused (a model of 3,000,001 classes for 4 labels).
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +86,11 @@ from dgl_scalegnn.data.source import GraphSource, source_from_dataset
 __all__ = [
     "OGB_LAYOUTS",
     "OgbLayout",
+    "as_labels",
+    "check_homogeneous",
     "dataset_from_graph",
+    "file_identity",
+    "holds_recorded_file",
     "load_dataset",
     "load_source",
     "read_graph_file",
@@ -137,20 +148,27 @@ def _to_node_dataset(
     graph.ndata["feat"] = _as_features(graph.ndata["feat"], source)
     for key in _MASK_KEYS:
         graph.ndata[key] = _as_mask(graph.ndata[key], key, source)
-    label, multilabel = _as_labels(graph.ndata["label"], source)
+    written = graph.ndata["label"]
+    label, multilabel = as_labels(written, source)
     graph.ndata["label"] = label
     if num_classes is None:
         num_classes = _infer_num_classes(label, multilabel, source)
-    _check_labels(graph, int(num_classes), multilabel, source)
+    _check_labels(graph, written, int(num_classes), multilabel, source)
     return NodeDataset(name=name, graph=graph, num_classes=int(num_classes), multilabel=multilabel)
 
 
-def _check_node_data(graph: dgl.DGLGraph, source: str) -> None:
-    if len(graph.ntypes) != 1:
-        raise DatasetError(
-            f"{source}: the graph has node types {graph.ntypes}; a node dataset needs one "
-            "node type (convert it with dgl.to_homogeneous)"
+def check_homogeneous(graph: dgl.DGLGraph, subject: str, error: type[InputError]) -> None:
+    """Refuse a heterograph (several node or edge types) in one ``error`` beginning
+    with ``subject``: a node dataset, and a model's input, has one of each."""
+    if len(graph.ntypes) != 1 or len(graph.canonical_etypes) != 1:
+        raise error(
+            f"{subject} has node types {graph.ntypes} and edge types {graph.etypes}; a node "
+            "dataset needs one of each (convert it with dgl.to_homogeneous(graph, ndata=[...]))"
         )
+
+
+def _check_node_data(graph: dgl.DGLGraph, source: str) -> None:
+    check_homogeneous(graph, source, DatasetError)
     missing = [key for key in REQUIRED_NDATA if key not in graph.ndata]
     if missing:
         raise DatasetError(
@@ -181,54 +199,83 @@ def _is_zero_one(values: torch.Tensor) -> bool:
     return bool(((values == 0) | (values == 1)).all())
 
 
-def _as_labels(label: torch.Tensor, source: str) -> tuple[torch.Tensor, bool]:
-    """Class indices ``(N,)`` or ``(N, 1)`` become int64 ``(N,)``, 0/1 ``(N, C)`` float32."""
+def as_labels(
+    label: torch.Tensor, source: str, key: str = "label", error: type[InputError] = DatasetError
+) -> tuple[torch.Tensor, bool]:
+    """Labels as users write them, in the form training reads: class ids ``(N,)`` or
+    ``(N, 1)`` (integer, or float with NaN for an unlabelled vertex) become int64
+    ``(N,)`` with ``-1`` unlabelled; 0/1 targets ``(N, C)`` become float32 multi-label
+    targets. Returns them and whether they are multi-label.
+
+    Raises
+    ------
+    InputError
+        ``error`` beginning with ``source`` and naming ``ndata[key]``: another shape,
+        non-integer class ids, ids below ``-1``, or multi-label targets not 0/1.
+    """
     if label.dim() == 2 and label.shape[1] == 1:
         label = label[:, 0]
     if label.dim() == 1:
-        return _as_class_indices(label, source), False
+        return _as_class_indices(label, source, key, error), False
     if label.dim() == 2:
         if not _is_zero_one(label):
-            raise DatasetError(
-                f"{source}: ndata['label'] of shape {tuple(label.shape)} is read as multi-label "
+            raise error(
+                f"{source}: ndata[{key!r}] of shape {tuple(label.shape)} is read as multi-label "
                 "targets and must hold only 0/1; give class indices of shape (N,) otherwise"
             )
         return label.to(torch.float32), True
-    raise DatasetError(
-        f"{source}: ndata['label'] has shape {tuple(label.shape)}; expected (N,) class "
-        "indices or (N, C) 0/1 multi-label targets"
+    raise error(
+        f"{source}: ndata[{key!r}] has shape {tuple(label.shape)}; expected (N,) or (N, 1) "
+        "class indices or (N, C) 0/1 multi-label targets"
     )
 
 
-def _as_class_indices(label: torch.Tensor, source: str) -> torch.Tensor:
+def _as_class_indices(
+    label: torch.Tensor, source: str, key: str, error: type[InputError]
+) -> torch.Tensor:
     """Int64 class indices; NaN (OGB's mark of an unlabelled vertex) becomes ``-1``."""
     if label.is_floating_point():
         unlabelled = torch.isnan(label)
         known = label[~unlabelled]
         if not bool((known == known.round()).all()):
-            raise DatasetError(
-                f"{source}: ndata['label'] holds non-integer values; class labels must be "
+            raise error(
+                f"{source}: ndata[{key!r}] holds non-integer values; class labels must be "
                 "whole numbers (NaN or -1 for unlabelled vertices)"
             )
         label = torch.where(unlabelled, torch.full_like(label, -1), label)
     label = label.to(torch.int64)
     if label.numel() and int(label.min()) < -1:
-        raise DatasetError(
-            f"{source}: ndata['label'] holds {int(label.min())}; labels are class indices "
-            "0..C-1, or -1 for an unlabelled vertex"
+        raise error(
+            f"{source}: ndata[{key!r}] holds {int(label.min())}; labels are class indices "
+            "0..C-1, or -1 (or NaN) for an unlabelled vertex"
         )
     return label
 
 
 def _infer_num_classes(label: torch.Tensor, multilabel: bool, source: str) -> int:
+    """The classes of ``label``: its columns, or its largest class id plus one, refused
+    where that is more than twice the ids it holds (sparse ids would make a class of
+    every id below the largest)."""
     if multilabel:
         return int(label.shape[1])
     if label.numel() == 0 or int(label.max()) < 0:
         raise DatasetError(f"{source}: no vertex has a label, so the number of classes is unknown")
-    return int(label.max()) + 1
+    ids = int(label.max()) + 1
+    distinct = int(torch.unique(label[label >= 0]).numel())
+    if ids > 2 * distinct:
+        raise DatasetError(
+            f"{source}: ndata['label'] holds {distinct:,} distinct class ids up to "
+            f"{ids - 1:,}, which would make {ids:,} classes; renumber them 0..{distinct - 1} "
+            "(torch.unique(label, return_inverse=True)[1]) and save the graph again"
+        )
+    return ids
 
 
-def _check_labels(graph: dgl.DGLGraph, num_classes: int, multilabel: bool, source: str) -> None:
+def _check_labels(
+    graph: dgl.DGLGraph, written: torch.Tensor, num_classes: int, multilabel: bool, source: str
+) -> None:
+    """Refuse labels that do not fit ``num_classes`` and masks that select unlabelled
+    vertices, naming how the file marks them (``written``: the labels as given)."""
     label = graph.ndata["label"]
     if multilabel:
         if label.shape[1] != num_classes:
@@ -244,11 +291,16 @@ def _check_labels(graph: dgl.DGLGraph, num_classes: int, multilabel: bool, sourc
             f"give num_classes of at least {largest + 1}"
         )
     for key in _MASK_KEYS:
-        unlabelled = int((label[graph.ndata[key]] < 0).sum())
-        if unlabelled:
+        unlabelled = torch.nonzero(graph.ndata[key] & (label < 0)).flatten()
+        if unlabelled.numel():
+            marks = written.reshape(-1)[unlabelled]
+            nan = bool(torch.isnan(marks).any()) if marks.is_floating_point() else False
+            minus_one = bool((marks == -1).any())
+            mark = " or ".join(m for m, present in (("NaN", nan), ("-1", minus_one)) if present)
             raise DatasetError(
-                f"{source}: ndata[{key!r}] selects {unlabelled} unlabelled vertices "
-                "(label -1); a mask may select labelled vertices only"
+                f"{source}: ndata[{key!r}] selects {unlabelled.numel()} unlabelled vertices "
+                f"(label {mark}; the first: vertex {int(unlabelled[0])}); a mask may select "
+                "labelled vertices only"
             )
 
 
@@ -610,7 +662,38 @@ def _load_dgl_file(cfg: DataConfig) -> NodeDataset:
         # The recipe stands in for what the graph lacks; load_dataset draws the features.
         recipe = recipe_node_data(graph, cfg.permutation_seed, "label" not in graph.ndata)
         graph.ndata.update({k: v for k, v in recipe.items() if k not in graph.ndata})
-    return _to_node_dataset(graph, cfg.name, num_classes, f"file {str(path)!r}")
+    dataset = _to_node_dataset(graph, cfg.name, num_classes, f"file {str(path)!r}")
+    return dataclasses.replace(dataset, source_file=file_identity(path))
+
+
+def file_identity(path: Path) -> dict[str, Any]:
+    """What identifies the file ``path``: its resolved path, size, modification time
+    (ns) and SHA-256, as a prepared graph and a checkpoint record it."""
+    resolved = path.expanduser().resolve()
+    digest = hashlib.sha256()
+    with resolved.open("rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    stat = resolved.stat()
+    return {
+        "path": str(resolved),
+        "bytes": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": digest.hexdigest(),
+    }
+
+
+def holds_recorded_file(path: Path, recorded: Mapping[str, Any]) -> bool:
+    """Whether the file ``path`` holds the bytes of the file :func:`file_identity`
+    ``recorded``: read and hashed only where its size matches and its path or
+    modification time does not (a copy, or a file touched or rewritten)."""
+    resolved = path.expanduser().resolve()
+    stat = resolved.stat()
+    if stat.st_size != recorded["bytes"]:
+        return False
+    if str(resolved) == recorded["path"] and stat.st_mtime_ns == recorded["mtime_ns"]:
+        return True
+    return file_identity(resolved)["sha256"] == recorded["sha256"]
 
 
 def read_graph_file(
@@ -620,6 +703,10 @@ def read_graph_file(
     with it. A missing file, one that is not DGL's (checked by its magic number before
     DGL's C++ reader sees it) or one DGL cannot read is one ``error`` beginning with
     ``subject`` and ending with ``fix``."""
+    if path.is_dir():
+        prepared = (path / "meta.json").is_file()
+        hint = " (a prepared directory is given as data.prepared)" if prepared else ""
+        raise error(f"{subject}: {str(path)!r} is a directory, not a graph file{hint}; {fix}")
     if not path.is_file():
         raise error(f"{subject}: file {str(path)!r} does not exist; {fix}")
     try:

@@ -31,11 +31,13 @@ import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dgl_scalegnn.data.graph import DatasetError, NodeDataset
 from dgl_scalegnn.data.normalize import gcn_normalize
+from dgl_scalegnn.data.source import source_from_dataset
 from dgl_scalegnn.data.tiles import TiledAdjacency, tile_adjacency
 
 __all__ = [
@@ -71,7 +73,15 @@ ARRAY_NAMES = ADJACENCY_ARRAYS + VERTEX_ARRAYS
 
 @dataclass(frozen=True)
 class GraphMeta:
-    """Sizes and provenance of a prepared graph."""
+    """Sizes and provenance of a prepared graph.
+
+    ``source_file`` identifies the ``dgl.save_graphs`` file it was prepared from
+    (:func:`~dgl_scalegnn.data.datasets.file_identity`), which a run naming
+    ``data.path`` is checked against; ``label_facts`` is what the run says once about
+    the labels and split (:func:`~dgl_scalegnn.data.graph.label_facts`). Both are
+    ``None`` for a directory prepared before they were recorded (and ``source_file``
+    for the other loaders).
+    """
 
     name: str
     num_nodes: int
@@ -83,6 +93,8 @@ class GraphMeta:
     tile_count: int
     split_sizes: dict[str, int]
     format_version: int = FORMAT_VERSION
+    source_file: dict[str, Any] | None = None
+    label_facts: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,7 @@ def prepare_in_memory(
         permutation_seed=permutation_seed,
         tile_count=adjacency.tile_count,
         split_sizes={s: int(ndata[f"{s}_mask"].sum()) for s in ("train", "val", "test")},
+        **source_from_dataset(dataset).recorded_facts(),
     )
     return PreparedGraph(
         meta=meta,
@@ -181,14 +194,17 @@ def non_finite_rows(features: np.ndarray) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def non_finite_error(where: str, vertices: np.ndarray, scope: str = "") -> DatasetError:
+def non_finite_error(
+    where: str, vertices: np.ndarray, scope: str = "", then: str = "prepare the dataset again"
+) -> DatasetError:
     """The refusal of features that hold NaN or infinities at ``vertices`` (ids of the
-    source graph); ``scope`` says which vertices were looked at, if not all."""
+    source graph); ``scope`` says which vertices were looked at, if not all, and
+    ``then`` what to do once the values are replaced."""
     count = f"{vertices.size} vert{'ex' if vertices.size == 1 else 'ices'}{scope}"
     return DatasetError(
         f"{where}: NaN or infinite features in {count} (the first: vertex "
         f"{int(vertices.min())}); replace those values (e.g. torch.nan_to_num) or remove "
-        "the vertices, then prepare the dataset again"
+        f"the vertices, then {then}"
     )
 
 
@@ -367,7 +383,7 @@ def open_prepared(directory: str | os.PathLike[str], *, checksum: bool = False) 
                 f"{entry['dtype']}{entry['shape']}"
             )
         arrays[name] = array
-    graph_meta = GraphMeta(**{k: meta[k] for k in GraphMeta.__dataclass_fields__})
+    graph_meta = GraphMeta(**{k: meta[k] for k in GraphMeta.__dataclass_fields__ if k in meta})
     verifier = ChunkVerifier(root, meta["files"], dict(arrays))
     adjacency = TiledAdjacency(
         num_nodes=graph_meta.num_nodes,

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from dgl_scalegnn.data.graph import NodeDataset
+from dgl_scalegnn.data.graph import NodeDataset, label_facts
 
 __all__ = ["GraphSource", "EdgeChunks", "source_from_dataset", "MASK_NAMES"]
 
@@ -33,7 +34,9 @@ class GraphSource:
     vertices from vertex 0 on; ``feature_rows(ids)``, when given, reads rows in any
     order (sources held in memory). ``labels`` is int64 ``(N,)`` or float32 ``(N, C)``,
     ``masks`` maps each of :data:`MASK_NAMES` to bool ``(N,)``. Each call of a chunk
-    function starts from the beginning again.
+    function starts from the beginning again. ``source_file`` identifies the
+    ``dgl.save_graphs`` file it was read from, if any
+    (:attr:`~dgl_scalegnn.data.graph.NodeDataset.source_file`).
     """
 
     name: str
@@ -46,6 +49,15 @@ class GraphSource:
     edge_chunks: EdgeChunks
     feature_blocks: Callable[[], Iterator[np.ndarray]]
     feature_rows: Callable[[np.ndarray], np.ndarray] | None = None
+    source_file: dict[str, Any] | None = None
+
+    def recorded_facts(self) -> dict[str, Any]:
+        """What a prepared graph records of its source besides the sizes (the
+        :class:`~dgl_scalegnn.data.prepared.GraphMeta` fields ``source_file`` and
+        ``label_facts``): the file it was read from, and
+        :func:`~dgl_scalegnn.data.graph.label_facts`."""
+        facts = label_facts(self.labels, self.masks, self.num_classes, self.multilabel)
+        return {"source_file": self.source_file, "label_facts": facts}
 
 
 def source_from_dataset(dataset: NodeDataset) -> GraphSource:
@@ -83,4 +95,5 @@ def source_from_dataset(dataset: NodeDataset) -> GraphSource:
         edge_chunks=edge_chunks,
         feature_blocks=feature_blocks,
         feature_rows=lambda ids: np.asarray(features[ids], dtype=np.float32),
+        source_file=dataset.source_file,
     )

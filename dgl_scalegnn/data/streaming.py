@@ -457,6 +457,7 @@ def _prepare_into(
         split_sizes={
             name.removesuffix("_mask"): int(source.masks[name].sum()) for name in MASK_NAMES
         },
+        **source.recorded_facts(),
     )
 
 

@@ -4,8 +4,9 @@ Layout of ``DIR`` (``output.dir/checkpoints``)::
 
     latest                    name of the last published checkpoint (replaced atomically)
     step_00000120/
-        meta.json             grid, progress, config, parameter global shapes/splits, and
-                              the size and SHA-256 of every rank file
+        meta.json             grid, progress, config, the graph's fingerprint, parameter
+                              global shapes/splits, and the size and SHA-256 of every
+                              rank file
         rank00003.pt          one file per rank of data-parallel group 0: its parameter
                               shards and their Adam state (``torch.load(weights_only=True)``)
     step_00000120.1/          a later checkpoint of the same step (a resumed run that
@@ -32,9 +33,10 @@ unreadable ``meta.json``, is refused naming the file and what is wrong. Resuming
 the checkpoint ``latest`` names, then the older ones, newest first, and takes the first
 that verifies; the ones refused are named with their reason. All ranks read the same
 files and so make the same choice. Loading checks the parameters' global shapes against
-this run's, assembles every parameter and its Adam state from the shards of the grid
-that wrote it, and slices them for the current grid: a checkpoint from ``1x2x2x1``
-resumes on ``1x1x2x2``.
+this run's, and the graph's fingerprint (:func:`graph_fingerprint`: sizes, split and the
+SHA-256 of the file it was read from) against this run's graph, assembles every
+parameter and its Adam state from the shards of the grid that wrote it, and slices them
+for the current grid: a checkpoint from ``1x2x2x1`` resumes on ``1x1x2x2``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import torch.distributed as dist
 from dgl_scalegnn.config import InputError, ModelConfig
 from dgl_scalegnn.core.grid_shape import Coords, GridError, GridShape
 from dgl_scalegnn.core.schedule import ParamShard
+from dgl_scalegnn.data.prepared import GraphMeta
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 
@@ -63,6 +66,7 @@ __all__ = [
     "CheckpointError",
     "Checkpoint",
     "ResumeChoice",
+    "graph_fingerprint",
     "save_checkpoint",
     "read_checkpoint",
     "choose_checkpoint",
@@ -109,11 +113,12 @@ class ResumeChoice:
     checkpoint: Checkpoint | None
     refused: dict[str, str]
 
-    def note(self) -> str | None:
-        """One line for the person running the job, or ``None`` if nothing was refused."""
+    def note(self, action: str = "resuming from") -> str | None:
+        """One line for the person running the job, or ``None`` if nothing was refused:
+        each refused checkpoint, and then ``action`` on the one chosen."""
         if not self.refused or self.checkpoint is None:
             return None
-        return f"{_refusals(self.refused)}; resuming from {self.checkpoint.path.name}"
+        return f"{_refusals(self.refused)}; {action} {self.checkpoint.path.name}"
 
 
 def _refusals(refused: dict[str, str]) -> str:
@@ -224,10 +229,13 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     progress: dict[str, Any],
     config: dict[str, Any],
+    graph: GraphMeta | None = None,
 ) -> Path:
     """Write a checkpoint of global step ``progress["global_step"]`` (collective).
 
     Every rank must call it; ranks of data-parallel group 0 write their shards.
+    ``graph``, the meta of the graph trained, is recorded as its
+    :func:`graph_fingerprint`, which a resume compares.
 
     Returns
     -------
@@ -269,6 +277,8 @@ def save_checkpoint(
             },
             "optimizer": type(optimizer).__name__,
         }
+        if graph is not None:
+            meta["graph"] = graph_fingerprint(graph)
         _publish(root, partial, meta, grid.shape)
     _barrier()
     return root / (root / _LATEST).read_text().strip()
@@ -529,6 +539,50 @@ def _check_shapes(
     )
 
 
+def graph_fingerprint(meta: GraphMeta) -> dict[str, Any]:
+    """What identifies the graph a run trains, as its checkpoints record it: the
+    dataset's name, sizes and split sizes, and the SHA-256 and path of the file it was
+    read from (a ``dgl`` file; ``None`` otherwise)."""
+    source = meta.source_file or {}
+    return {
+        "name": meta.name,
+        "num_nodes": meta.num_nodes,
+        "nnz": meta.nnz,
+        "num_features": meta.num_features,
+        "num_classes": meta.num_classes,
+        "multilabel": meta.multilabel,
+        "split_sizes": dict(meta.split_sizes),
+        "sha256": source.get("sha256"),
+        "path": source.get("path"),
+    }
+
+
+def _check_graph(checkpoint: Checkpoint, graph: GraphMeta | None) -> None:
+    """Refuse a checkpoint whose recorded graph is not this run's (another file of the
+    same shapes, another split, other edges), naming what differs. The path alone does
+    not count (a moved file is the same graph), nor does a SHA-256 one side lacks; a
+    checkpoint written before the graph was recorded is not checked."""
+    saved = checkpoint.meta.get("graph")
+    if graph is None or not isinstance(saved, dict):
+        return
+    here = graph_fingerprint(graph)
+    differences = [
+        f"{key} {saved.get(key)} in the checkpoint, {value} in this run"
+        for key, value in here.items()
+        if key not in ("sha256", "path") and saved.get(key) != value
+    ]
+    if None not in (saved.get("sha256"), here["sha256"]) and saved["sha256"] != here["sha256"]:
+        differences.append(
+            f"file {saved.get('path')!r} (SHA-256 {saved['sha256'][:16]}) in the checkpoint, "
+            f"{here['path']!r} (SHA-256 {here['sha256'][:16]}) in this run"
+        )
+    if differences:
+        raise CheckpointError(
+            f"{checkpoint.path}: written for another graph: {'; '.join(differences)}; resume "
+            "on the graph it was written for, or start afresh in another output.dir"
+        )
+
+
 def load_checkpoint(
     checkpoint: Checkpoint | str | os.PathLike[str],
     *,
@@ -537,6 +591,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     model_config: dict[str, Any],
     data_config: dict[str, Any] | None = None,
+    graph: GraphMeta | None = None,
 ) -> dict[str, Any]:
     """Load ``checkpoint`` (read and verified here if given as a path) into this rank's
     shards, re-sliced for its grid; returns the progress it recorded.
@@ -544,9 +599,10 @@ def load_checkpoint(
     Raises
     ------
     CheckpointError
-        A damaged checkpoint (see :func:`read_checkpoint`), another model section, or
+        A damaged checkpoint (see :func:`read_checkpoint`), another model section,
         parameters of other global shapes (another dataset's feature or class count),
-        before anything is copied.
+        or another graph than ``graph``, this run's (:func:`graph_fingerprint`), before
+        anything is copied.
     """
     if not isinstance(checkpoint, Checkpoint):
         checkpoint = read_checkpoint(checkpoint)
@@ -561,6 +617,7 @@ def load_checkpoint(
         raise CheckpointError(f"{path}: {differences}; resume with the same model section")
     params = model.sharded_state_dict()
     _check_shapes(checkpoint, params, data_config or {})
+    _check_graph(checkpoint, graph)
     old_shape = GridShape.parse(meta["grid"])
     slices = {n: p.shard.local_slices(grid.shape, grid.coords) for n, p in params.items()}
     device = next(model.parameters()).device

@@ -1,7 +1,8 @@
 """A trained model to take away: one file from a sharded checkpoint, and inference with it.
 
 :func:`export_checkpoint` gathers the parameter shards of a checkpoint written on any
-grid (:mod:`~dgl_scalegnn.train.checkpoint`, every rank file verified) into one file
+grid (:mod:`~dgl_scalegnn.train.checkpoint`, every rank file verified; given a run's
+directory, the newest that verifies, naming on stderr the newer ones it refused) into one file
 that :func:`torch.load` reads with ``weights_only=True``: the model section, the
 dataset's shapes (features, classes, single- or multi-label), the whole parameters,
 and the input transform training applied: ``data.feature_norm`` (with the columns'
@@ -13,7 +14,10 @@ process with no grid: given a :class:`dgl.DGLGraph` it applies the same input tr
 and the GCN normalisation of the graph (symmetrised, one self loop a vertex,
 :math:`\\hat D^{-1/2} (A + I) \\hat D^{-1/2}`) and runs the full-graph forward of the
 single-process model (:class:`~dgl_scalegnn.model.reference.ScaleGNN`, the parallel
-model's oracle). Its logits are in the graph's own vertex order.
+model's oracle). Its logits are in the graph's own vertex order. It refuses what training
+refuses: a heterograph, NaN or infinite features, and labels of the other kind than the
+model's (multi-label targets for a single-label model, and the reverse); class ids
+``(N, 1)`` are read as ``(N,)``.
 
 Example
 -------
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -50,15 +55,17 @@ from dgl_scalegnn.config import (
     config_from_mapping,
 )
 from dgl_scalegnn.core.grid_shape import GridShape
-from dgl_scalegnn.data.datasets import load_source, read_graph_file
+from dgl_scalegnn.data.datasets import as_labels, check_homogeneous, load_source, read_graph_file
 from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.features import column_moments, scale_features
 from dgl_scalegnn.data.graph import DatasetError
+from dgl_scalegnn.data.prepared import non_finite_error, non_finite_rows
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.stack import layer_kind, parameter_shards
 from dgl_scalegnn.sampling.dgl_loader import norm_graph
 from dgl_scalegnn.train.checkpoint import (
     Checkpoint,
+    ResumeChoice,
     _assemble,
     _model_section,
     choose_checkpoint,
@@ -85,16 +92,17 @@ class ExportError(InputError, ValueError):
     """A checkpoint, model file or graph that cannot be exported or predicted on."""
 
 
-def _checkpoint(path: Path) -> Checkpoint:
+def _checkpoint(path: Path) -> ResumeChoice:
     """The checkpoint at ``path``: a ``step_*`` directory, or the newest that verifies in
-    a checkpoints directory (``output.dir/checkpoints``) or an ``output.dir``."""
+    a checkpoints directory (``output.dir/checkpoints``) or an ``output.dir``, with the
+    newer ones refused on the way."""
     if (path / "meta.json").is_file():
-        return read_checkpoint(path)
+        return ResumeChoice(read_checkpoint(path), {})
     for root in (path, path / "checkpoints"):
         if (root / "latest").is_file() or any(root.glob("step_*")):
             choice = choose_checkpoint(root)
             if choice.checkpoint is not None:
-                return choice.checkpoint
+                return choice
     raise ExportError(
         f"--checkpoint {path}: no checkpoint there; give a step_* directory, the checkpoints "
         "directory holding them (output.dir/checkpoints) or the run's output.dir"
@@ -171,7 +179,9 @@ def export_checkpoint(
     checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
 ) -> dict[str, Any]:
     """Gather ``checkpoint`` (a ``step_*`` directory, a checkpoints directory or an
-    ``output.dir``) into the single file ``out``; returns what was written.
+    ``output.dir``) into the single file ``out``; returns what was written. Newer
+    checkpoints that do not verify are said on stderr in one line, with why, as
+    ``--resume`` says them.
 
     Raises
     ------
@@ -188,7 +198,11 @@ def export_checkpoint(
     ResourceError
         ``out`` cannot be written (it is then left as it was).
     """
-    found = _checkpoint(Path(checkpoint))
+    choice = _checkpoint(Path(checkpoint))
+    found = choice.checkpoint
+    note = choice.note("exporting")
+    if note is not None:
+        print(f"scalegnn: {note}", file=sys.stderr, flush=True)
     config = found.meta["config"]
     training_graph = config.get("data", {}).get("path")
     inputs = [("checkpoint", found.path), ("training graph file", training_graph)]
@@ -213,6 +227,7 @@ def export_checkpoint(
             "grid": found.meta["grid"],
             "global_step": int(found.meta["progress"]["global_step"]),
             "dataset": data.name,
+            "refused": choice.refused,
         },
     }
     write_output(out, "--out", lambda file: torch.save(record, file))
@@ -262,11 +277,15 @@ class ExportedModel(nn.Module):
         if transform["feature_norm"] == "standardize":
             moments = (transform["mean"].numpy(), transform["std"].numpy())
         scaled = scale_features(raw.numpy(), transform["feature_norm"], moments)
+        bad = non_finite_rows(scaled)
+        if bad.size:  # as training refuses them: their logits would be NaN
+            raise non_finite_error(f"ndata[{key!r}]", bad, then="predict again")
         return torch.from_numpy(np.ascontiguousarray(scaled))
 
     @torch.no_grad()
     def forward(self, graph: dgl.DGLGraph) -> torch.Tensor:
         """``(N, C)`` logits of every vertex of ``graph``, in its vertex order."""
+        check_homogeneous(graph, "the graph", ExportError)
         normalisation = layer_kind(self.model.cfg).normalisation
         normalized = norm_graph(
             dgl.graph(graph.edges(), num_nodes=graph.num_nodes()), normalisation
@@ -282,13 +301,45 @@ class ExportedModel(nn.Module):
         """:meth:`classes` of the logits of ``graph``."""
         return self.classes(self(graph))
 
+    def labels(self, graph: dgl.DGLGraph) -> torch.Tensor | None:
+        """``ndata[label_key]`` of ``graph`` read as training reads labels
+        (:func:`~dgl_scalegnn.data.datasets.as_labels`: ``(N, 1)`` class ids as ``(N,)``,
+        NaN as ``-1``), or ``None`` without labels.
+
+        Raises
+        ------
+        ExportError
+            Labels of the other kind than the model's (multi-label targets for a
+            single-label model, or the reverse), or targets of another class count.
+        """
+        check_homogeneous(graph, "the graph", ExportError)
+        key = self.input["label_key"]
+        if key not in graph.ndata:
+            return None
+        written = graph.ndata[key]
+        labels, multilabel = as_labels(written, "the graph", key, ExportError)
+        classes = self.record["num_classes"]
+        if multilabel != self.multilabel:
+            given = "0/1 multi-label targets" if multilabel else "class ids"
+            wanted = f"(N, {classes}) 0/1 targets" if self.multilabel else "class ids (N,)"
+            raise ExportError(
+                f"ndata[{key!r}] holds {given} of shape {tuple(written.shape)}, but the model "
+                f"is {'multi' if self.multilabel else 'single'}-label and is scored against "
+                f"{wanted}; give the labels it was trained on, or remove ndata[{key!r}]"
+            )
+        if multilabel and labels.shape[1] != classes:
+            raise ExportError(
+                f"ndata[{key!r}] holds {labels.shape[1]} labels a vertex, the model {classes}; "
+                f"give the labels it was trained on, or remove ndata[{key!r}]"
+            )
+        return labels
+
     def accuracy(self, graph: dgl.DGLGraph, logits: torch.Tensor) -> dict[str, float]:
         """Accuracy (micro-F1 if multi-label) per split whose mask ``graph`` has, against
-        ``ndata[label_key]``; empty without labels."""
-        label_key = self.input["label_key"]
-        if label_key not in graph.ndata:
+        :meth:`labels`; empty without labels."""
+        labels = self.labels(graph)
+        if labels is None:
             return {}
-        labels = graph.ndata[label_key]
         scores = {}
         for split in _SPLITS:
             mask = graph.ndata.get(f"{split}_mask")

@@ -6,6 +6,7 @@ import importlib.metadata
 import platform
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,9 +21,9 @@ from dgl_scalegnn.config import (
 )
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.cache import shared_prepared_directory
-from dgl_scalegnn.data.datasets import load_dataset
+from dgl_scalegnn.data.datasets import holds_recorded_file, load_dataset
 from dgl_scalegnn.data.graph import DatasetError
-from dgl_scalegnn.data.prepared import PreparedGraph, open_prepared, prepare_in_memory
+from dgl_scalegnn.data.prepared import GraphMeta, PreparedGraph, open_prepared, prepare_in_memory
 from dgl_scalegnn.distributed.bootstrap import (
     LaunchInfo,
     detect_launch,
@@ -52,6 +53,7 @@ __all__ = [
     "start_session",
     "end_session",
     "load_graph",
+    "check_prepared_source",
     "with_graph_defaults",
     "run_training",
     "versions",
@@ -70,26 +72,78 @@ def versions() -> dict[str, str]:
     }
 
 
-def load_graph(cfg: Config, session: Session | None = None) -> PreparedGraph:
+def load_graph(
+    cfg: Config, session: Session | None = None, metrics: MetricsWriter | None = None
+) -> PreparedGraph:
     """The prepared graph of ``cfg.data``, memory-mapped from ``data.prepared`` if set.
 
     Otherwise one process prepares it in memory; the ranks of a job of several share a
     prepared directory in the cache (:mod:`~dgl_scalegnn.data.cache`): one rank per
     node prepares or reuses it while the others wait, and each maps only its share.
+    ``data.prepared`` must hold the graph the config names
+    (:func:`check_prepared_source`); what cannot be checked is said on ``metrics``.
+
+    Raises
+    ------
+    DatasetError
+        ``data.prepared`` holds another dataset, or was prepared from another file.
     """
     data = cfg.data
     if data.prepared is not None:
         graph = open_prepared(data.prepared)
-        if data.name not in ("dgl", graph.meta.name):
-            raise DatasetError(
-                f"data.prepared: {data.prepared!r} holds {graph.meta.name!r} but data.name is "
-                f"{data.name!r}; point data.prepared at a directory prepared for {data.name!r}"
-            )
+        unchecked = check_prepared_source(cfg, graph.meta)
+        if unchecked is not None and metrics is not None:
+            metrics.note(unchecked)
         return graph
     if session is None or session.watchdog is None:
         return prepare_in_memory(load_dataset(data), data.permutation_seed)
     store = session.watchdog.store
     return open_prepared(shared_prepared_directory(data, store, session.launch.local_rank))
+
+
+def check_prepared_source(cfg: Config, meta: GraphMeta) -> str | None:
+    """Refuse a prepared graph (``meta``) that is not the one ``cfg.data`` names: another
+    dataset, or for ``data.name: dgl`` another file than ``data.path``, compared by the
+    size and SHA-256 its preparation recorded (a copy elsewhere is the same graph).
+    Returns why the file could not be compared, where it could not (a directory
+    prepared before the file was recorded, or ``data.path`` absent here), else ``None``.
+
+    Raises
+    ------
+    DatasetError
+        Naming the directory, what it holds and what ``cfg.data`` names.
+    """
+    data = cfg.data
+    prepared = f"data.prepared: {data.prepared!r}"
+    path = Path(data.path).expanduser() if data.name == "dgl" and data.path else None
+    named = f"{data.name!r}" + (f" (data.path {str(path)!r})" if path is not None else "")
+    if meta.name != data.name:
+        raise DatasetError(
+            f"{prepared} holds {meta.name!r} but data.name is {named}; point data.prepared "
+            "at a directory prepared for it, or unset data.prepared"
+        )
+    if path is None:
+        return None
+    recorded = meta.source_file
+    if recorded is None:
+        return (
+            f"{prepared} records no source file (prepared by an older version), so it is not "
+            f"checked against data.path {str(path)!r}; prepare it again to have it checked"
+        )
+    if not path.is_file():
+        return (
+            f"data.path {str(path)!r} is not here to check {data.prepared!r} against; "
+            f"training it as prepared from {recorded['path']!r}"
+        )
+    if not holds_recorded_file(path, recorded):
+        raise DatasetError(
+            f"{prepared} was prepared from {recorded['path']!r} ({recorded['bytes']:,} bytes, "
+            f"SHA-256 {recorded['sha256'][:16]}), but data.path {str(path)!r} holds other "
+            f"bytes ({path.stat().st_size:,}): another graph; prepare that file (scalegnn "
+            "prepare --dataset dgl --set data.path=FILE --out DIR) and point data.prepared "
+            "there, or unset data.prepared"
+        )
+    return None
 
 
 def with_graph_defaults(
@@ -222,7 +276,7 @@ def run_training(
             versions=versions(),
         )
         try:
-            graph = load_graph(cfg, session)
+            graph = load_graph(cfg, session, metrics)
             cfg = with_graph_defaults(cfg, graph, session, metrics)
             trainer = Trainer(cfg, graph, runtime, metrics, session.device)
             trainer.choose_evaluation(session.launch.local_world_size or 1)

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from dgl_scalegnn.config import Config, ConfigError
 from dgl_scalegnn.core.layout import split_bounds
 from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
-from dgl_scalegnn.data.graph import DatasetError
+from dgl_scalegnn.data.graph import DatasetError, label_notes
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
 from dgl_scalegnn.model.full_graph import (
@@ -166,6 +166,8 @@ class Trainer:
                 metrics.note(
                     f"dataset {meta.name!r}: {split}_mask selects no vertex; {consequence[split]}"
                 )
+        for note in label_notes(meta.name, meta.label_facts):  # one class, untrained, overlaps
+            metrics.note(note)
         self.cfg, self.runtime, self.metrics = cfg, runtime, metrics
         self.grid = runtime.grid
         self.device = torch.device(device)
@@ -238,6 +240,7 @@ class Trainer:
             optimizer=self.optimizer,
             model_config=asdict(self.cfg.model),
             data_config=asdict(self.cfg.data),
+            graph=self.graph.meta,
         )
         self.progress = _Progress(**saved)
         self._on_disk = (self.progress.global_step, choice.checkpoint.path)
@@ -265,6 +268,7 @@ class Trainer:
             optimizer=self.optimizer,
             progress=asdict(self.progress),
             config=self.cfg.to_dict(),
+            graph=self.graph.meta,
         )
         self._on_disk = (self.progress.global_step, written)
         return written
