@@ -51,38 +51,42 @@ lint:
 run:
 	OMP_WAIT_POLICY=passive launch/mpirun.sh $(NP) $(GRID) $(CONFIG)
 
+# Each bench target takes its settings from BENCH_ARGS (`make bench-growth BENCH_ARGS=--help`
+# lists them), e.g. make bench BENCH_ARGS=--full for the full sizes of every benchmark.
+BENCH_ARGS ?=
+
 # The accuracy benchmark reads Cora's Planetoid files from SCALEGNN_DATA_ROOT; unset, it
 # uses the copy the tests read (../shared/datasets beside the project).
 bench: export SCALEGNN_DATA_ROOT ?= $(abspath ../shared/datasets)
 bench:
-	$(PY) -m benchmarks.run_all
+	$(PY) -m benchmarks.run_all $(BENCH_ARGS)
 
 # Accuracy against training seconds on the two 1M-vertex synthetic graphs, dgl_scalegnn
 # (1 and 8 processes) against GraphSAINT-node, GraphSAGE and DistDGL; quick mode (the
-# default) about 45 minutes on 2 cores, SCALEGNN_BENCH_QUICK=0 for 3 seeds and larger
-# sweeps (also part of `make bench` then). SCALEGNN_BENCH_SCALE_NODES shrinks both graphs.
+# default) about 45 minutes on 2 cores, BENCH_ARGS=--full for 3 seeds and larger sweeps
+# (also part of `make bench` then); --nodes N shrinks both graphs.
 bench-scale:
-	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_scale
+	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_scale $(BENCH_ARGS)
 
 # How a step, an evaluation, memory per rank and preparation grow with the graph: the
 # sparse preset at 1M, 3M and 10M vertices and the products-like one at 1M and 2.45M,
 # ours (1 and 8 processes) beside GraphSAINT-node, GraphSAGE, DGL's full-graph forward
 # and DistDGL (59-69 minutes on 2 cores; benchmarks/results/bench_growth.md, .png).
-# SCALEGNN_BENCH_GROWTH_SIZES, _BUDGET, _WORK and _METHODS: benchmarks/bench_growth.py.
+# BENCH_ARGS: --sizes, --budget, --work and --methods (benchmarks/bench_growth.py).
 bench-growth:
-	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_growth
+	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_growth $(BENCH_ARGS)
 
 # Full-graph evaluation against DGL's full-graph forward on the same graph: our engine on
 # the forward's own model (two SAGE-mean layers) and on the preset's, each in its own
 # process with its peak memory (benchmarks/results/bench_eval.md; sparse 1M and 3M,
-# products-like 1M; SCALEGNN_BENCH_EVAL_SIZES, _WORK: benchmarks/bench_eval.py).
+# products-like 1M; BENCH_ARGS: --sizes, --work, benchmarks/bench_eval.py).
 bench-eval:
-	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_eval
+	OMP_WAIT_POLICY=passive THP_MEM_ALLOC_ENABLE=1 $(PY) -m benchmarks.bench_eval $(BENCH_ARGS)
 
 # Every real graph of benchmarks/data/real: our defaults and the paper's model against DGL's
 # GraphConv and SAGEConv recipes and GraphSAINT-node, 10 seeds (benchmarks/results/bench_real.md).
 bench-real:
-	OMP_WAIT_POLICY=passive $(PY) -m benchmarks.bench_real
+	OMP_WAIT_POLICY=passive $(PY) -m benchmarks.bench_real $(BENCH_ARGS)
 
 # GraphSAGE-mean and GIN (model.conv) with our defaults against DGL's full-batch SAGEConv
 # ('mean') and GINConv trainers, and the GCN pair, on Cora and Citeseer, 10 seeds
@@ -90,7 +94,7 @@ bench-real:
 bench-real-layers:
 	OMP_WAIT_POLICY=passive $(PY) -m benchmarks.bench_real --name bench_real_layers \
 	  --graphs cora citeseer --methods "ours, defaults" "DGL GraphConv" \
-	  "ours SAGE, defaults" "DGL SAGEConv mean" "ours GIN, defaults" "DGL GINConv"
+	  "ours SAGE, defaults" "DGL SAGEConv mean" "ours GIN, defaults" "DGL GINConv" $(BENCH_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

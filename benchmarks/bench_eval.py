@@ -2,7 +2,7 @@
 the forward's own model and on ours.
 
 DGL's forward (two ``SAGEConv`` mean calls over the whole graph, hidden 128: what a
-user with enough memory runs to evaluate; :func:`benchmarks.bench_growth.forward_main`)
+user with enough memory runs to evaluate; :func:`benchmarks.methods.run_forward`)
 is set beside, each in its own process on one core pair, timed :data:`ROUNDS` times with
 its peak resident memory (imports included):
 
@@ -21,32 +21,28 @@ touches fresh pages; and every round's fresh whole-graph buffers cost what the k
 takes to find them huge pages, which varied 0.05-0.6 s a round for one 512 MB buffer
 here), for every method alike. Graphs: the presets of
 :mod:`benchmarks.scale_presets`, generated and prepared once as ``make bench-growth``
-does (:func:`benchmarks.bench_growth.setup_graph`).
+does (:func:`benchmarks.graphs.setup_graph`).
 
-Environment: ``SCALEGNN_BENCH_EVAL_SIZES`` (``preset=N,N;preset=N``, default
-``sparse=1000000,3000000;products-like=1000000``), ``SCALEGNN_BENCH_EVAL_WORK`` (where
-graphs go; kept and reused). Outputs: ``benchmarks/results/bench_eval.json`` and
-``bench_eval.md``.
+Settings (:class:`EvalSettings`, ``make bench-eval BENCH_ARGS="..."``): ``--sizes``
+(``preset=N,N;preset=N``, default ``sparse=1000000,3000000;products-like=1000000``),
+``--work`` (where graphs go; kept and reused). Outputs:
+``benchmarks/results/bench_eval.json`` and ``bench_eval.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import sys
-import tempfile
-import time
+import argparse
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch starts its threads
-
-from benchmarks import bench_growth, bench_scale
 from benchmarks.common import RESULTS, write_results
+from benchmarks.graphs import Graph, Size, parse_sizes, setup_graph
+from benchmarks.harness import BenchError, argument, parse_args, work_dir
+from benchmarks.methods import run_forward, run_our_evaluation
 
-__all__ = ["FORWARD_MODEL", "main"]
+__all__ = ["EvalSettings", "FORWARD_MODEL", "main"]
 
 DEFAULT_SIZES = "sparse=1000000,3000000;products-like=1000000"
 #: DGL's forward as our model: ``SAGEConv(in, 128, 'mean')``, ReLU, ``SAGEConv(128,
@@ -73,60 +69,29 @@ METHODS = (
 )
 
 
-def ours_main(spec_path: str) -> int:
-    """Inside a child: our engine's evaluation of the spec's model on one process, timed
-    :data:`ROUNDS` times; the result beside the spec."""
-    from dgl_scalegnn.config import load_config
-    from dgl_scalegnn.data.prepared import open_prepared
-    from dgl_scalegnn.distributed.comm import Runtime
-    from dgl_scalegnn.train.metrics import MetricsWriter
-    from dgl_scalegnn.train.trainer import Trainer, peak_rss_mb
+@dataclass(frozen=True)
+class EvalSettings:
+    """What ``make bench-eval`` runs (its command line; the module docstring)."""
 
-    spec = json.loads(Path(spec_path).read_text())
-    settings = {
-        **spec["model"],
-        "data.prepared": spec["prepared"],
-        "sampling.batch_size": spec["batch_size"],  # the trainer's; no step runs
-        "train.evaluation": "layerwise",
-    }
-    cfg = load_config(spec["config"], [f"{key}={value}" for key, value in settings.items()])
-    graph = open_prepared(cfg.data.prepared)
-    trainer = Trainer(cfg, graph, Runtime.single_process(), MetricsWriter(None, enabled=False))
-    loaded_mb = peak_rss_mb()
-    rounds = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        trainer.evaluate()
-        rounds.append(time.perf_counter() - start)
-    result = {"eval_s_rounds": rounds, "loaded_mb": loaded_mb, "max_rss_mb": [peak_rss_mb()]}
-    Path(spec["result_path"]).write_text(json.dumps(result))
-    return 0
+    sizes: tuple[Size, ...] = parse_sizes(DEFAULT_SIZES)
+    work: Path | None = None
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str] | None = None) -> EvalSettings:
+        parser = argparse.ArgumentParser(prog="bench_eval", description=__doc__.split("\n")[0])
+        parser.add_argument("--sizes", type=argument(parse_sizes), default=cls.sizes)
+        parser.add_argument("--work", type=Path, help="where graphs go; kept and reused")
+        args = parse_args(parser, argv)
+        return cls(args.sizes, args.work)
 
 
-def run_ours(
-    graph: bench_scale.Graph, model: Mapping[str, Any], tag: str, log_dir: Path
-) -> dict[str, Any]:
-    """:func:`ours_main` of ``model`` (config overrides; none: the preset's) on ``graph``
-    in a child process."""
-    spec = {
-        "config": str(bench_growth.ROOT / graph.config_file),
-        "prepared": str(graph.prepared),
-        "model": dict(model),
-        "batch_size": max(1, graph.num_nodes // bench_growth.BATCH_FRACTION),
-    }
-    result = bench_growth.run_child("benchmarks.bench_eval", "ours", tag, spec, log_dir)
-    return {"eval_s": min(result["eval_s_rounds"]), **result}
-
-
-def run_method(
-    method: str, graph: bench_scale.Graph, size: bench_growth.GrowthSize, log_dir: Path
-) -> dict[str, Any]:
+def run_method(method: str, graph: Graph, size: Size, log_dir: Path) -> dict[str, Any]:
     """One of :data:`METHODS` on ``graph``, in its own process."""
     if method == METHODS[0]:
-        return bench_growth.run_forward(graph, size, log_dir, ROUNDS)
+        return run_forward(graph, f"forward-{size.name}", log_dir, ROUNDS)
     if method == METHODS[1]:
-        return run_ours(graph, FORWARD_MODEL, f"sage-{size.name}", log_dir)
-    return run_ours(graph, {}, f"preset-{size.name}", log_dir)
+        return run_our_evaluation(graph, FORWARD_MODEL, f"sage-{size.name}", log_dir, ROUNDS)
+    return run_our_evaluation(graph, {}, f"preset-{size.name}", log_dir, ROUNDS)
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -163,26 +128,29 @@ def table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def main() -> dict[str, Any]:
-    """Every size, every method; write the JSON and the markdown."""
-    sizes = bench_growth.growth_sizes(os.environ.get("SCALEGNN_BENCH_EVAL_SIZES", DEFAULT_SIZES))
+def main(settings: EvalSettings | None = None) -> dict[str, Any]:
+    """Every size, every method of ``settings`` (by default the command line's); write
+    the JSON and the markdown."""
+    settings = settings or EvalSettings.from_argv()
     rows = []
-    given = os.environ.get("SCALEGNN_BENCH_EVAL_WORK")
-    with contextlib.ExitStack() as stack:
-        work = Path(given) if given else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    with work_dir(settings.work) as work:
         log_dir = work / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        for size in sizes:
+        for size in settings.sizes:
             print(f"[{size.name}] preparing", flush=True)
-            graph, _ = bench_growth.setup_graph(size, work, [METHODS[0]])
+            graph, _ = setup_graph(size, work, ["generate"])
             for method in METHODS:
                 try:
                     row = run_method(method, graph, size, log_dir)
-                except (bench_scale.BenchScaleError, OSError) as error:
+                except (BenchError, OSError) as error:
                     row = {"error": str(error)[-1500:]}
                 rows.append({"size": size.name, "method": method, **row})
                 print(f"[{size.name}] {method}: {row.get('eval_s_rounds', row.get('error'))}")
-    payload = {"sizes": [s.name for s in sizes], "forward_model": FORWARD_MODEL, "rows": rows}
+    payload = {
+        "sizes": [s.name for s in settings.sizes],
+        "forward_model": FORWARD_MODEL,
+        "rows": rows,
+    }
     path = write_results("bench_eval", payload)
     text = [
         "# Full-graph evaluation against DGL's full-graph forward (`make bench-eval`)",
@@ -200,6 +168,4 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "ours":
-        sys.exit(ours_main(sys.argv[2]))
     main()

@@ -39,16 +39,17 @@ generation and save; DistDGL's partitioning). A run that fails (memory, time-out
 row with its error. The report (:mod:`benchmarks.growth_report`) fits how each quantity
 grows with N and sets the cost model's prediction beside it.
 
-Environment:
+The settings (:class:`GrowthSettings`, ``python -m benchmarks.bench_growth --help``;
+``make bench-growth BENCH_ARGS="..."``):
 
-``SCALEGNN_BENCH_GROWTH_SIZES``
-    ``preset=N,N;preset=N`` (default
+``--sizes``
+    ``preset=N,N;preset=N`` (``3m``, ``3e6`` or ``3000000``; default
     ``sparse=1000000,3000000,10000000;products-like=1000000,2449029``).
-``SCALEGNN_BENCH_GROWTH_BUDGET``
+``--budget``
     Training seconds per million vertices (default 6).
-``SCALEGNN_BENCH_GROWTH_WORK``
+``--work``
     Where graphs and logs go; kept, and finished runs are not run again (resume).
-``SCALEGNN_BENCH_GROWTH_METHODS``
+``--methods``
     A subset of :data:`METHODS`, separated by ``;`` (the names hold commas; default:
     all).
 
@@ -58,34 +59,44 @@ Outputs: ``benchmarks/results/bench_growth.json``, ``bench_growth.png`` and
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import dataclasses
 import json
 import math
-import os
 import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch starts its threads
-
-from benchmarks import bench_scale, growth_report, scale_presets
-from benchmarks.baselines import distdgl, training
+from benchmarks import growth_report
+from benchmarks.baselines.distdgl import DistDGLError
 from benchmarks.common import write_results
-from benchmarks.peak_memory import vm_hwm_mb
+from benchmarks.graphs import BATCH_FRACTION, Graph, Size, parse_sizes, setup_graph
+from benchmarks.harness import (
+    ROOT,
+    BenchError,
+    ThrashGuard,
+    argument,
+    budget_timeout_s,
+    parse_args,
+    work_dir,
+)
+from benchmarks.methods import (
+    STEP_CAP,
+    run_distdgl,
+    run_forward,
+    run_ours,
+    run_peer,
+    step_schedule,
+    train_peak_mb,
+)
 
-__all__ = ["GrowthSize", "growth_sizes", "METHODS", "main"]
+__all__ = ["GrowthSettings", "METHODS", "main"]
 
-ROOT = Path(__file__).resolve().parents[1]
 #: Training seconds per million vertices: a budget that grows with the graph.
 BUDGET_PER_MILLION_S = 6.0
-#: B = N / BATCH_FRACTION for the runs at fixed B/N.
-BATCH_FRACTION = 100
 #: The fixed batch of the step-time runs at fixed B, and their steps.
 FIXED_BATCH = 10_000
 TIMING_STEPS = 8
@@ -103,63 +114,37 @@ METHODS = (
     "DGL full-graph forward",
     "DistDGL, 8 trainers",
 )
+GRID_8 = "1x2x2x2"
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    """Method names separated by ``;`` (the names hold commas), each one of :data:`METHODS`."""
+    wanted = tuple(m.strip() for m in text.split(";") if m.strip())
+    if unknown := sorted(set(wanted) - set(METHODS)):
+        raise ValueError(f"unknown {unknown}; give some of {list(METHODS)}, separated by ';'")
+    return wanted
 
 
 @dataclass(frozen=True)
-class GrowthSize:
-    """One preset at one size."""
+class GrowthSettings:
+    """What ``make bench-growth`` runs (its command line; the module docstring)."""
 
-    preset: str
-    num_nodes: int
+    sizes: tuple[Size, ...] = parse_sizes(DEFAULT_SIZES)
+    budget_per_million_s: float = BUDGET_PER_MILLION_S
+    work: Path | None = None
+    methods: tuple[str, ...] = METHODS
 
-    @property
-    def name(self) -> str:
-        return f"{self.preset}-{self.num_nodes}"
-
-    @property
-    def batch_size(self) -> int:
-        return max(1, self.num_nodes // BATCH_FRACTION)
-
-
-def growth_sizes(spec: str | None = None) -> list[GrowthSize]:
-    """The sizes of ``spec`` (``preset=N,N;preset=N``), smallest first per preset.
-
-    >>> [s.name for s in growth_sizes("sparse=3000000,1000000")]
-    ['sparse-1000000', 'sparse-3000000']
-    """
-    spec = spec or os.environ.get("SCALEGNN_BENCH_GROWTH_SIZES", DEFAULT_SIZES)
-    sizes = []
-    for part in filter(None, (p.strip() for p in spec.split(";"))):
-        preset, _, counts = part.partition("=")
-        scale_presets.preset(preset.strip())  # refuses an unknown name
-        for n in sorted(int(float(c)) for c in counts.split(",") if c.strip()):
-            sizes.append(GrowthSize(preset.strip(), n))
-    if not sizes:
-        raise ValueError(f"SCALEGNN_BENCH_GROWTH_SIZES: no sizes in {spec!r}")
-    return sizes
-
-
-# ---------------------------------------------------------------- preparation
-
-
-def _measured(argv_module: list[str], log: Path, threads: int, timeout_s: float) -> dict:
-    """Run ``python -m MODULE ARGS`` under :mod:`benchmarks.peak_memory`: seconds, peak MB.
-    The peak is also read from ``/proc`` while it runs, so that a process killed for
-    memory still leaves the peak it reached (in the error's ``peak_rss_mb``)."""
-    peak = log.with_suffix(".peak.json")
-    argv = [sys.executable, "-m", "benchmarks.peak_memory", str(peak), *argv_module]
-    seen = {"peak_rss_mb": 0.0}
-
-    def watch(pid: int) -> None:
-        with contextlib.suppress(OSError):  # gone between two checks
-            seen["peak_rss_mb"] = max(seen["peak_rss_mb"], vm_hwm_mb(pid))
-
-    try:
-        seconds = bench_scale._run(argv, log, threads, timeout_s, watch)
-    except bench_scale.BenchScaleError as error:
-        error.peak_rss_mb = seen["peak_rss_mb"]
-        raise
-    return {"seconds": seconds, "peak_rss_mb": json.loads(peak.read_text())["peak_rss_mb"]}
+    @classmethod
+    def from_argv(cls, argv: Sequence[str] | None = None) -> GrowthSettings:
+        parser = argparse.ArgumentParser(prog="bench_growth", description=__doc__.split("\n")[0])
+        parser.add_argument("--sizes", type=argument(parse_sizes), default=cls.sizes)
+        parser.add_argument(
+            "--budget", type=float, default=cls.budget_per_million_s, help="s per 1M vertices"
+        )
+        parser.add_argument("--work", type=Path, help="graphs and logs; finished runs kept")
+        parser.add_argument("--methods", type=argument(_methods), default=METHODS)
+        args = parse_args(parser, argv)
+        return cls(args.sizes, args.budget, args.work, args.methods)
 
 
 #: The preparation steps each method needs beyond ``scalegnn prepare``.
@@ -171,206 +156,10 @@ _NEEDS = {
 }
 
 
-#: DistDGL's partitioning is not started where its predicted peak
-#: (:func:`predicted_partition_mb`) is this many times the host's available memory: at
-#: 10M vertices (sparse) and 2.45M (products-like) it was killed after 2-3 minutes.
-PARTITION_MARGIN = 1.1
-
-
-def predicted_partition_mb(
-    size: GrowthSize, measured: Mapping[str, Sequence[tuple[int, float]]]
-) -> tuple[float, float] | None:
-    """DistDGL's partitioning peak (MB) at ``size`` and the exponent it grows by, from the
-    peaks ``measured`` at smaller sizes (``(vertices, MB)`` per preset): the preset's
-    largest measured peak grown as :math:`N^e`, with :math:`e` fitted over the preset's
-    sizes, or the mean of the other presets' fits where it has fewer than two (1 where
-    none has two). ``None`` where the preset has no measured size.
-
-    >>> sparse = GrowthSize("sparse", 10_000_000)
-    >>> mb, e = predicted_partition_mb(sparse, {"sparse": [(1e6, 3260.0), (3e6, 8897.0)]})
-    >>> round(mb), round(e, 2)
-    (26735, 0.91)
-    >>> products = GrowthSize("products-like", 2_449_029)
-    >>> mb, e = predicted_partition_mb(
-    ...     products, {"sparse": [(1e6, 3260.0), (3e6, 8897.0)], "products-like": [(1e6, 12264.0)]}
-    ... )
-    >>> round(mb), round(e, 2)
-    (27805, 0.91)
-    """
-    own = sorted(measured.get(size.preset, ()))
-    if not own:
-        return None
-
-    def fit(points: Sequence[tuple[int, float]]) -> float | None:
-        return growth_report.exponent([n for n, _ in points], [mb for _, mb in points])
-
-    slope = fit(own)
-    if slope is None:
-        fits = [fit(points) for preset, points in measured.items() if preset != size.preset]
-        others = [e for e in fits if e is not None]
-        slope = sum(others) / len(others) if others else 1.0
-    n, mb = own[-1]
-    return mb * (size.num_nodes / n) ** slope, slope
-
-
-def setup_graph(
-    size: GrowthSize,
-    work: Path,
-    methods: Iterable[str] = METHODS,
-    partition_peaks: Mapping[str, Sequence[tuple[int, float]]] | None = None,
-) -> tuple[bench_scale.Graph, dict[str, Any]]:
-    """Prepare ``size`` once for ``methods`` (kept in ``work``): ``scalegnn prepare``
-    (streaming, bounded memory), the peers' DGL graph, DistDGL's 8 random partitions.
-    Returns the graph and the seconds and peak memory of each step. The partitioning is
-    not started where its peak predicted from ``partition_peaks`` (the smaller sizes'
-    peaks, :func:`predicted_partition_mb`) exceeds :data:`PARTITION_MARGIN` times the
-    host's available memory: the step then holds the prediction."""
-    base = work / size.name
-    base.mkdir(parents=True, exist_ok=True)
-    done = base / "setup.json"
-    config_file = scale_presets.CONFIG_FILES[size.preset]
-    setup: dict[str, Any] = json.loads(done.read_text()) if done.exists() else {}
-    if "prepare" not in setup:
-        cfg = scale_presets.preset(size.preset, size.num_nodes)
-        argv = ["dgl_scalegnn.cli", "prepare", "--config", config_file]
-        for key, value in dataclasses.asdict(cfg).items():  # exactly the peers' graph
-            argv += ["--set", f"data.synthetic.{key}={str(value).lower()}"]
-        argv += ["--out", str(base / "prepared")]
-        setup["prepare"] = _measured(argv, base / "prepare.log", 2, 7200)
-        done.write_text(json.dumps(setup))
-    spec = base / "peers.json"
-    spec.write_text(json.dumps({"preset": size.preset, "num_nodes": size.num_nodes}))
-    needed = {step for method in methods for step in _NEEDS.get(method, ())}
-    for step in ("generate", "partition"):
-        if step in needed and step not in setup:
-            module = ["benchmarks.bench_growth", step, str(spec)]
-            if "error" in setup.get("generate", {}):
-                setup[step] = {"error": "the graph was not generated"}
-                continue
-            if step == "partition" and (skipped := _partition_skipped(size, partition_peaks or {})):
-                setup[step] = skipped
-                done.write_text(json.dumps(setup))
-                continue
-            started = time.perf_counter()
-            try:
-                setup[step] = _measured(module, base / f"{step}.log", 2, 7200)
-            except bench_scale.BenchScaleError as error:  # e.g. killed for memory
-                setup[step] = {
-                    "error": str(error)[-1500:],
-                    "peak_rss_mb": error.peak_rss_mb,
-                    "seconds_until_failure": time.perf_counter() - started,
-                }
-            done.write_text(json.dumps(setup))
-    num_classes = scale_presets.preset(size.preset).num_classes
-    graph = bench_scale.Graph(
-        name=size.preset,
-        config_file=config_file,
-        prepared=base / "prepared",
-        dgl_file=base / "graph.bin",
-        part_config=base / "parts8" / f"{distdgl.GRAPH_NAME}.json",
-        num_classes=num_classes,
-        num_nodes=size.num_nodes,
-        setup_s={step: f["seconds"] for step, f in setup.items() if "seconds" in f},
-    )
-    return graph, setup
-
-
-def _partition_skipped(
-    size: GrowthSize, partition_peaks: Mapping[str, Sequence[tuple[int, float]]]
-) -> dict[str, Any] | None:
-    """The partition step's record where its predicted peak does not fit this host."""
-    predicted = predicted_partition_mb(size, partition_peaks)
-    available = _available_mb()
-    if predicted is None or predicted[0] <= PARTITION_MARGIN * available:
-        return None
-    mb, slope = predicted
-    return {
-        "error": f"predicted peak {mb:.0f} MB (the smaller sizes' peaks grown as "
-        f"N^{slope:.2f}), above the {available:.0f} MB this host has available",
-        "predicted_peak_rss_mb": mb,
-        "available_mb": available,
-    }
-
-
-def generate_main(spec_path: str) -> int:
-    """Inside a child: generate the preset and save it for the peers (``graph.bin``)."""
-    from dgl_scalegnn._dgl import dgl
-    from dgl_scalegnn.data.synthetic import generate
-
-    spec = json.loads(Path(spec_path).read_text())
-    dataset = generate(scale_presets.preset(spec["preset"], int(spec["num_nodes"])))
-    dgl.save_graphs(str(Path(spec_path).parent / "graph.bin"), [dataset.graph])
-    return 0
-
-
-def partition_main(spec_path: str) -> int:
-    """Inside a child: DistDGL's 8 random partitions of the saved graph (``parts8``)."""
-    base = Path(spec_path).parent
-    dataset = _load_saved(base / "graph.bin", json.loads(Path(spec_path).read_text())["preset"])
-    distdgl.partition(dataset, base / "parts8", 8, "random")
-    return 0
-
-
-def _load_saved(path: Path, preset: str):
-    from dgl_scalegnn._dgl import dgl
-    from dgl_scalegnn.data.graph import NodeDataset
-
-    graphs, _ = dgl.load_graphs(str(path))
-    graph = graphs[0]
-    for split in ("train", "val", "test"):  # saved as uint8
-        graph.ndata[f"{split}_mask"] = graph.ndata[f"{split}_mask"].bool()
-    return NodeDataset(preset, graph, scale_presets.preset(preset).num_classes)
-
-
-def forward_main(spec_path: str) -> int:
-    """Inside a child: DGL's plain full-graph forward, two ``SAGEConv`` calls over the
-    whole graph (hidden 128), timed ``rounds`` times (the spec's, default 2); the result
-    beside the spec."""
-    import torch
-
-    from dgl_scalegnn._dgl import dgl
-    from dgl_scalegnn.train.trainer import peak_rss_mb
-
-    spec = json.loads(Path(spec_path).read_text())
-    dataset = _load_saved(Path(spec["graph"]), spec["preset"])
-    graph, features = dataset.graph, dataset.graph.ndata["feat"]
-    loaded_mb = peak_rss_mb()
-    layers = [
-        dgl.nn.SAGEConv(dataset.num_features, 128, "mean"),
-        dgl.nn.SAGEConv(128, dataset.num_classes, "mean"),
-    ]
-    rounds = []
-    with torch.no_grad():
-        for _ in range(spec.get("rounds", 2)):
-            start = time.perf_counter()
-            hidden = torch.relu(layers[0](graph, features))
-            logits = layers[1](graph, hidden)
-            del hidden, logits
-            rounds.append(time.perf_counter() - start)
-    result = {"eval_s_rounds": rounds, "loaded_mb": loaded_mb, "max_rss_mb": [peak_rss_mb()]}
-    Path(spec["result_path"]).write_text(json.dumps(result))
-    return 0
-
-
 # ---------------------------------------------------------------- methods
 
 
-def _plan(size: GrowthSize, budget_s: float) -> bench_scale.Plan:
-    """The scale benchmark's plan for one run at ``size`` (its timeouts and schedule)."""
-    return bench_scale.Plan(
-        num_nodes=size.num_nodes,
-        budget_s=budget_s,
-        sweep_budget_s=budget_s / 4,
-        sweep_steps=TIMING_STEPS,
-        eval_rounds=1,
-        evals_per_doubling=1,
-        seeds=(0,),
-        graphs=(size.preset,),
-        quick=True,
-    )
-
-
-def plan_grid(graph: bench_scale.Graph, batch_size: int) -> str:
+def plan_grid(graph: Graph, batch_size: int) -> str:
     """The grid the cost model ranks first for 8 CPU ranks on ``graph``, all on this host.
 
     ``scalegnn plan --gpu cpu`` counts a rank per core (8 ranks on 2 cores would be 4
@@ -387,7 +176,7 @@ def plan_grid(graph: bench_scale.Graph, batch_size: int) -> str:
     return str(rank_grids(_workload(graph, batch_size, spec), 8, spec, tf32=False)[0].grid)
 
 
-def _workload(graph: bench_scale.Graph, batch_size: int, spec):
+def _workload(graph: Graph, batch_size: int, spec):
     """The cost model's workload of ``graph``'s config at ``batch_size`` on ``spec``."""
     from dgl_scalegnn.config import load_config
     from dgl_scalegnn.train.plan import workload
@@ -399,7 +188,7 @@ def _workload(graph: bench_scale.Graph, batch_size: int, spec):
     return workload(cfg, spec)[0]
 
 
-def predict(graph: bench_scale.Graph, grid: str, batch_size: int) -> dict[str, float]:
+def predict(graph: Graph, grid: str, batch_size: int) -> dict[str, float]:
     """The cost model's step seconds, evaluation seconds and bytes of rank 0 for a run of
     ``graph`` on ``grid`` at ``batch_size`` (CPU ranks like this machine's)."""
     from dgl_scalegnn.core.grid_shape import GridShape
@@ -451,74 +240,30 @@ EVALUATION_REFUSED = "a layer-wise evaluation needs"
 
 
 def evaluate_checkpoint(
-    graph: bench_scale.Graph, size: GrowthSize, output_dir: Path, step: int, log_dir: Path
+    graph: Graph, size: Size, output_dir: Path, step: int, log_dir: Path
 ) -> dict[str, Any]:
     """Evaluate the checkpoint of ``step`` in ``output_dir`` on one process, as
     docs/configuration.md tells a user whose ranks cannot hold the evaluation (resume
     with ``train.max_steps`` at its step): its accuracy, seconds and peak memory."""
-    from dgl_scalegnn.train.metrics import read_metrics
-
-    metrics = log_dir / f"eval-{output_dir.name}.jsonl"
-    metrics.unlink(missing_ok=True)
-    argv = ["dgl_scalegnn.cli", "train", "--config", graph.config_file, "--grid", "1x1x1x1"]
-    argv += ["--metrics", str(metrics), "--resume"]
     settings = {
-        "data.prepared": graph.prepared,
         "output.dir": output_dir,
+        "output.resume": "true",
         "train.max_steps": step,
-        "train.progress": "false",
         "sampling.batch_size": size.batch_size,
     }
-    for key, value in settings.items():
-        argv += ["--set", f"{key}={value}"]
-    measured = _measured(argv, log_dir / f"{metrics.stem}.log", 2, 7200)
-    (evaluation,) = [e for e in read_metrics(metrics) if e["event"] == "eval"]
+    result = run_ours(graph, settings, log_dir, 7200)
+    (evaluation,) = result["history"]
     return {
         "grid": "1x1x1x1",
         "step": evaluation["step"],
         "eval_s": evaluation["eval_s"],
-        "peak_rss_mb": measured["peak_rss_mb"],
+        "peak_rss_mb": max(result["max_rss_mb"]),
         "val_acc": evaluation["val_acc"],
         "test_acc": evaluation["test_acc"],
     }
 
 
-class ThrashGuard:
-    """A :func:`~benchmarks.bench_scale._run` watch that stops a run which has left the
-    host under ``floor_mb`` of available memory for ``patience`` checks in a row (about
-    half a second apart): without swap, a run that does not fit is not always killed at
-    once, it can evict the mapped graph and re-read it for many minutes instead.
-
-    ``available_mb`` reads the host's available memory (``MemAvailable``).
-    """
-
-    def __init__(
-        self,
-        floor_mb: float = 500.0,
-        patience: int = 30,
-        available_mb: Callable[[], float] | None = None,
-    ) -> None:
-        self.floor_mb, self.patience = floor_mb, patience
-        self.available_mb = available_mb or _available_mb
-        self.low = 0
-        self.stopped = False
-
-    def __call__(self, pid: int) -> None:
-        self.low = self.low + 1 if self.available_mb() < self.floor_mb else 0
-        if self.low >= self.patience and not self.stopped:
-            self.stopped = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, 9)  # the run's own session: mpirun and every rank
-
-
-def _available_mb() -> float:
-    """The host's available memory (``MemAvailable``), in MB."""
-    from dgl_scalegnn.train.defaults import available_bytes
-
-    return available_bytes("cpu") / 2**20
-
-
-def _partial(error: bench_scale.BenchScaleError) -> dict[str, Any]:
+def _partial(error: BenchError) -> dict[str, Any]:
     """What a failed dgl_scalegnn run measured before it failed: its steps' seconds and,
     if it got there, each rank's peak before the evaluation."""
     from dgl_scalegnn.train.metrics import read_metrics
@@ -530,7 +275,7 @@ def _partial(error: bench_scale.BenchScaleError) -> dict[str, Any]:
     partial: dict[str, Any] = {}
     if steps:
         partial["step_s_before_failure"] = sum(e["step_s"] for e in steps) / len(steps)
-    if (peak := bench_scale.train_peak_mb(events)) is not None:
+    if (peak := train_peak_mb(events)) is not None:
         partial["train_max_rss_mb"] = peak
     return partial
 
@@ -572,18 +317,15 @@ def batch_exponent(step_s: float, fixed_step_s: float | None, batch: int) -> flo
     return math.log(step_s / fixed_step_s) / math.log(batch / FIXED_BATCH)
 
 
-#: ``train.max_steps`` (and ``output.checkpoint_every``) of a run that stops at its budget
-#: of seconds: never reached.
-STEP_CAP = 10**6
 #: Where a one-process run's first evaluation round goes: after this share of the steps
 #: its guessed step time plans (the second round is the one after its last step). The
 #: guess was up to 13% short on this host: at 0.95 the 3M run ended first.
 FIRST_ROUND_SHARE = 0.8
 
 
-def run_ours(
-    graph: bench_scale.Graph,
-    size: GrowthSize,
+def measure_ours(
+    graph: Graph,
+    size: Size,
     grid: str,
     budget_s: float,
     scaled_s: float | None,
@@ -607,7 +349,6 @@ def run_ours(
     checkpoint is evaluated on one process (:func:`evaluate_checkpoint`), as a user is
     told to."""
     processes = 1 if grid == "1x1x1x1" else 8
-    p = _plan(size, budget_s)
     batch = {"sampling.batch_size": size.batch_size}
     # Set when the ranks are refused a full-graph evaluation (it cannot fit their memory):
     # the run then trains with train.evaluate false, and is evaluated from its checkpoint
@@ -621,10 +362,9 @@ def run_ours(
         ranks takes minutes), or (``steps`` None) a run of the budget, evaluated after
         the steps in ``rounds`` and its last."""
         guard = ThrashGuard()
-        launched = len(list(log_dir.glob("ours-*.jsonl")))
-        metrics = log_dir / f"ours-{size.name}-{grid}-{launched}.jsonl"
         evaluate = steps is None and not elsewhere
         settings = {
+            **step_schedule(steps or STEP_CAP, rounds if evaluate else ()),
             **overrides,
             **({"train.evaluation": "layerwise"} if evaluate else {"train.evaluate": "false"}),
             # the budget, and no evaluation at epoch ends (8x1x1x1 at 1M: every 13 steps)
@@ -635,20 +375,8 @@ def run_ours(
             ),
         }
         try:
-            return bench_scale.run_ours(
-                graph,
-                p,
-                settings,
-                0,
-                processes,
-                steps or STEP_CAP,
-                rounds if evaluate else (),
-                log_dir,
-                grid,
-                guard,
-                metrics,
-            )
-        except bench_scale.BenchScaleError as error:
+            return run_ours(graph, settings, log_dir, budget_timeout_s(budget_s), grid, guard)
+        except BenchError as error:
             if guard.stopped:
                 error.args = (f"stopped: the host thrashed ({error.args[0]})",)
             if elsewhere or EVALUATION_REFUSED not in str(error):
@@ -663,7 +391,7 @@ def run_ours(
             fixed = _ours_row(
                 train({"sampling.batch_size": FIXED_BATCH}, TIMING_STEPS), grid, FIXED_BATCH
             )
-        except bench_scale.BenchScaleError as error:  # its steps count, if it took them
+        except BenchError as error:  # its steps count, if it took them
             partial = _partial(error)
             fixed = {"error": str(error)[-300:], "grid": grid, "batch_size": FIXED_BATCH}
             if "step_s_before_failure" in partial:
@@ -687,7 +415,7 @@ def run_ours(
             evaluated = evaluate_checkpoint(graph, size, checkpoints, result["steps"], log_dir)
             row.update(test_acc=evaluated["test_acc"], val_acc=evaluated["val_acc"])
             row["evaluated_elsewhere"] = {**evaluated, "why": elsewhere["why"]}
-    except bench_scale.BenchScaleError as error:
+    except BenchError as error:
         failed = {"error": str(error)[-1500:], "grid": grid, "processes": processes}
         return {**failed, **_partial(error), "fixed_batch": fixed}
     finally:
@@ -730,24 +458,13 @@ def sweep_saint(run: Callable[[Mapping[str, Any]], dict[str, Any]]) -> dict[str,
     return {**best, "sweep": tried}
 
 
-def run_saint(
-    graph: bench_scale.Graph,
-    size: GrowthSize,
-    choice: Mapping[str, Any],
-    budget_s: float,
-    log_dir: Path,
+def saint_row(
+    graph: Graph, size: Size, choice: Mapping[str, Any], budget_s: float, log_dir: Path
 ) -> dict[str, Any]:
     """GraphSAINT-node at budget N/100 with ``choice`` (a :data:`SAINT_SWEEP` entry)."""
     settings = {"budget": size.batch_size, "norm_coverage": 10, **choice}
-    result = bench_scale.run_peer(graph, "graphsaint", settings, 0, budget_s, [budget_s], log_dir)
+    result = run_peer(graph, "graphsaint", settings, 0, budget_s, [budget_s], log_dir)
     return _peer_row(result, size.batch_size)
-
-
-def run_sage(
-    graph: bench_scale.Graph, size: GrowthSize, budget_s: float, log_dir: Path
-) -> dict[str, Any]:
-    result = bench_scale.run_peer(graph, "graphsage", GRAPHSAGE, 0, budget_s, [budget_s], log_dir)
-    return _peer_row(result, GRAPHSAGE["batch_size"])
 
 
 def _peer_row(result: Mapping[str, Any], batch: int) -> dict[str, Any]:
@@ -767,46 +484,6 @@ def _peer_row(result: Mapping[str, Any], batch: int) -> dict[str, Any]:
     }
 
 
-def run_child(
-    module: str, command: str, tag: str, spec: Mapping[str, Any], log_dir: Path
-) -> dict[str, Any]:
-    """``python -m module command SPEC`` on every core, ``spec`` written to
-    ``log_dir/tag.json`` with the ``result_path`` where the child writes its result (as
-    :func:`forward_main` does); returns that result."""
-    spec_path = log_dir / f"{tag}.json"
-    result_path = log_dir / f"{tag}.result.json"
-    spec_path.write_text(json.dumps({**spec, "result_path": str(result_path)}))
-    argv = [sys.executable, "-m", module, command, str(spec_path)]
-    bench_scale._run(argv, log_dir / f"{tag}.log", training.machine_cores(), 3600)
-    return json.loads(result_path.read_text())
-
-
-def run_forward(
-    graph: bench_scale.Graph, size: GrowthSize, log_dir: Path, rounds: int = 2
-) -> dict[str, Any]:
-    spec = {"graph": str(graph.dgl_file), "preset": size.preset, "rounds": rounds}
-    result = run_child("benchmarks.bench_growth", "forward", f"forward-{size.name}", spec, log_dir)
-    return {
-        "processes": 1,
-        "eval_s": min(result["eval_s_rounds"]),
-        "eval_s_rounds": result["eval_s_rounds"],
-        "loaded_mb": result["loaded_mb"],
-        "max_rss_mb": result["max_rss_mb"],
-    }
-
-
-def run_distdgl(
-    graph: bench_scale.Graph, size: GrowthSize, budget_s: float, log_dir: Path
-) -> dict[str, Any]:
-    settings = {**GRAPHSAGE, "eval_fanout": -1, "eval_batch_size": 4096}
-    result = bench_scale.run_distdgl(graph, settings, 0, _plan(size, budget_s), log_dir)
-    row = _peer_row(result, GRAPHSAGE["batch_size"])
-    return {**row, "partitions": "random, 8", "topology": result.get("topology")}
-
-
-# ---------------------------------------------------------------- the run
-
-
 def _record(path: Path) -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     if path.exists():
@@ -818,20 +495,21 @@ def _record(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def run_size(
-    size: GrowthSize,
+    size: Size,
     budget_per_million_s: float,
     work: Path,
     log_dir: Path,
     done: dict[str, dict[str, Any]],
     record: Callable[[dict[str, Any]], None],
-    wanted: set[str],
+    wanted: Iterable[str],
     carry: dict[str, Any],
 ) -> None:
     """Every wanted method at ``size`` (skipping those in ``done``), for a training
     budget of ``budget_per_million_s`` seconds per million vertices."""
     print(f"[{size.name}] preparing", flush=True)
     partition_peaks = carry.setdefault("partition_peaks", {})
-    graph, setup = setup_graph(size, work, wanted, partition_peaks)
+    steps = {step for method in wanted for step in _NEEDS.get(method, ())}
+    graph, setup = setup_graph(size, work, steps, partition_peaks)
     record({"size": size.name, "method": "setup", **setup})
     if "seconds" in setup.get("partition", {}):  # measured: what larger sizes predict from
         partition_peaks.setdefault(size.preset, []).append(
@@ -847,24 +525,34 @@ def run_size(
             previous = guesses.get(grid)  # at fixed B/N a step grows about as N
             scaled = None if previous is None else previous[0] * size.num_nodes / previous[1]
             exponent = BATCH_EXPONENT if previous is None or previous[2] is None else previous[2]
-            return run_ours(graph, size, grid, budget, scaled, exponent, log_dir)
+            return measure_ours(graph, size, grid, budget, scaled, exponent, log_dir)
 
         return run
 
     def saint() -> dict[str, Any]:
         if saint_choice is not None:
-            return {**run_saint(graph, size, saint_choice, budget, log_dir), "choice": saint_choice}
-        return sweep_saint(lambda choice: run_saint(graph, size, choice, budget, log_dir))
+            return {**saint_row(graph, size, saint_choice, budget, log_dir), "choice": saint_choice}
+        return sweep_saint(lambda choice: saint_row(graph, size, choice, budget, log_dir))
+
+    def sage() -> dict[str, Any]:
+        result = run_peer(graph, "graphsage", GRAPHSAGE, 0, budget, [budget], log_dir)
+        return _peer_row(result, GRAPHSAGE["batch_size"])
+
+    def distdgl() -> dict[str, Any]:
+        settings = {**GRAPHSAGE, "eval_fanout": -1, "eval_batch_size": 4096}
+        result = run_distdgl(graph, settings, 0, budget, [budget], log_dir)
+        row = _peer_row(result, GRAPHSAGE["batch_size"])
+        return {**row, "partitions": "random, 8", "topology": result.get("topology")}
 
     methods: dict[str, Callable[[], dict[str, Any]]] = {
         METHODS[0]: ours("1x1x1x1"),
-        METHODS[1]: ours(bench_scale.GRID_8),
+        METHODS[1]: ours(GRID_8),
         METHODS[3]: saint,
-        METHODS[4]: lambda: run_sage(graph, size, budget, log_dir),
-        METHODS[5]: lambda: run_forward(graph, size, log_dir),
-        METHODS[6]: lambda: run_distdgl(graph, size, budget, log_dir),
+        METHODS[4]: sage,
+        METHODS[5]: lambda: run_forward(graph, f"forward-{size.name}", log_dir, 2),
+        METHODS[6]: distdgl,
     }
-    if grid8 != bench_scale.GRID_8:
+    if grid8 != GRID_8:
         methods[METHODS[2]] = ours(grid8)
     for method, run in methods.items():
         key = f"{size.name}|{method}"
@@ -891,7 +579,7 @@ def run_size(
             start = time.perf_counter()
             try:
                 row = run()
-            except (bench_scale.BenchScaleError, distdgl.DistDGLError, OSError) as error:
+            except (BenchError, DistDGLError, OSError) as error:
                 row = {"error": str(error)[-1500:]}
             row = {
                 "size": size.name,
@@ -938,22 +626,12 @@ def _minutes(rows: Iterable[Mapping[str, Any]]) -> float:
     return seconds / 60
 
 
-def main() -> dict[str, Any]:
-    """Every size, every method; write the JSON, the PNG and the markdown."""
-    sizes = growth_sizes()
-    wanted = set(METHODS)
-    if given_methods := os.environ.get("SCALEGNN_BENCH_GROWTH_METHODS"):
-        wanted = {m.strip() for m in given_methods.split(";")}
-        if unknown := sorted(wanted - set(METHODS)):
-            raise SystemExit(
-                f"SCALEGNN_BENCH_GROWTH_METHODS: unknown {unknown}; give some of "
-                f"{list(METHODS)}, separated by ';'"
-            )
-    budget = float(os.environ.get("SCALEGNN_BENCH_GROWTH_BUDGET", BUDGET_PER_MILLION_S))
+def main(settings: GrowthSettings | None = None) -> dict[str, Any]:
+    """Every size, every method of ``settings`` (by default the command line's); write
+    the JSON, the PNG and the markdown."""
+    settings = settings or GrowthSettings.from_argv()
     start = time.perf_counter()
-    given = os.environ.get("SCALEGNN_BENCH_GROWTH_WORK")
-    with contextlib.ExitStack() as stack:
-        work = Path(given) if given else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    with work_dir(settings.work) as work:
         log_dir = work / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         rows_path = work / "rows.jsonl"
@@ -964,12 +642,13 @@ def main() -> dict[str, Any]:
                 out.write(json.dumps(row) + "\n")
 
         carry: dict[str, Any] = {}
-        for size in sizes:
-            run_size(size, budget, work, log_dir, done, record, wanted, carry)
+        for size in settings.sizes:
+            budget = settings.budget_per_million_s
+            run_size(size, budget, work, log_dir, done, record, settings.methods, carry)
         rows = list(_record(rows_path).values())
     payload = {
-        "sizes": [dataclasses.asdict(s) for s in sizes],
-        "budget_per_million_s": budget,
+        "sizes": [dataclasses.asdict(s) for s in settings.sizes],
+        "budget_per_million_s": settings.budget_per_million_s,
         "batch_fraction": BATCH_FRACTION,
         "fixed_batch": FIXED_BATCH,
         # every run and preparation step, also of earlier invocations on this work dir
@@ -984,7 +663,4 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    commands = {"generate": generate_main, "partition": partition_main, "forward": forward_main}
-    if len(sys.argv) == 3 and sys.argv[1] in commands:
-        sys.exit(commands[sys.argv[1]](sys.argv[2]))
     main()

@@ -9,22 +9,19 @@ prefetched batch counts instead). Results: ``results/bench_optimizations.json`` 
 stacked-bar PNG. The 2 cores here are oversubscribed 4-8x, so communication waits are
 inflated against a GPU cluster; the cumulative ratios are what to read.
 
-Run: ``python -m benchmarks.bench_optimizations`` (``SCALEGNN_BENCH_QUICK=0`` for the
-full sizes).
+Run: ``python -m benchmarks.bench_optimizations`` (``--full`` for the full sizes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.common import pyplot, quick_mode, save_plot, write_results
+from benchmarks.common import pyplot, save_plot, write_results
+from benchmarks.harness import full_mode, mpirun, run_process
 from dgl_scalegnn.profiling import COMPONENTS
 
 VARIANTS = [
@@ -99,36 +96,18 @@ def _breakdown(result: dict) -> dict[str, float]:
 
 
 def _run_grid(grid: str, processes: int, num_nodes: int, steps: int, warmup: int) -> dict:
-    root = Path(__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory() as scratch:
         config = Path(scratch, "config.json")
         config.write_text(json.dumps(_config(num_nodes, grid)))
         out = Path(scratch, "out.json")
-        command = [
-            str(root / ".venv" / "bin" / "mpirun"),
-            "-np",
-            str(processes),
-            "--oversubscribe",
-            *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
-            "-x",
-            "OMP_NUM_THREADS=1",
-            sys.executable,
-            "-m",
-            "benchmarks.bench_optimizations",
-            "--worker",
-            str(config),
-            str(out),
-            str(steps),
-            str(warmup),
-        ]
-        start = time.perf_counter()
-        subprocess.run(command, cwd=root, check=True, timeout=3600)
-        print(f"{grid}: {time.perf_counter() - start:.0f} s", flush=True)
+        command = [*mpirun(processes), sys.executable, "-m", "benchmarks.bench_optimizations"]
+        command += ["--worker", str(config), str(out), str(steps), str(warmup)]
+        seconds = run_process(command, Path(scratch, "mpirun.log"), 1, 3600)
+        print(f"{grid}: {seconds:.0f} s", flush=True)
         return json.loads(out.read_text())
 
 
-def main() -> dict:
-    quick = quick_mode()
+def main(quick: bool = True) -> dict:
     num_nodes, steps, warmup = (30_000, 6, 2) if quick else (200_000, 10, 3)
     grids = {"1x2x2x2": 8} if quick else {"1x2x2x2": 8, "2x2x2x2": 16}
     report = {}
@@ -176,4 +155,4 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
-        main()
+        main(not full_mode(__doc__))

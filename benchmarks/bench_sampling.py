@@ -11,21 +11,15 @@ with B = 1%, 5% and 10% of N, in one run, median of repeats:
   feature slicing;
 - ``dgl_saint_node``: ``dgl.dataloading.SAINTSampler(mode="node", budget=B)``.
 
-Run: ``python -m benchmarks.bench_sampling`` (``SCALEGNN_BENCH_QUICK=0`` for full size).
+Run: ``python -m benchmarks.bench_sampling`` (``--full`` for the full size).
 """
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.common import (
-    median_seconds,
-    prepared_dgl_graph,
-    pyplot,
-    quick_mode,
-    save_plot,
-    write_results,
-)
+from benchmarks.common import median_seconds, prepared_dgl_graph, pyplot, save_plot, write_results
+from benchmarks.harness import full_mode
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.core.grid_shape import GridShape
@@ -77,8 +71,7 @@ def _measure(
     }
 
 
-def main() -> dict:
-    quick = quick_mode()
+def main(quick: bool = True) -> dict:
     num_nodes = 200_000 if quick else 1_000_000
     repeats = 5 if quick else 9
     dataset = generate(SyntheticConfig(num_nodes=num_nodes, avg_degree=20.0, num_features=64))
@@ -155,4 +148,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main(not full_mode(__doc__))

@@ -2,83 +2,61 @@
 
 On the synthetic graph, for 1, 2, 4 and 8 processes:
 
-- dgl_scalegnn through the real launcher (``launch/mpirun.sh``) on the grids
-  1x1x1x1, 1x1x1x2, 1x1x2x2 and 1x2x2x2: epoch time, per-rank bytes per step (by group
-  kind), training time to the target test accuracy and evaluation time per round;
+- dgl_scalegnn (:func:`benchmarks.methods.run_ours`, ranks through ``mpirun``) on the
+  grids 1x1x1x1, 1x1x1x2, 1x1x2x2 and 1x2x2x2: epoch time, per-rank bytes per step (by
+  group kind), training time to the target validation accuracy (the time to target of
+  :mod:`benchmarks.harness`; training stops there) and evaluation time per round;
 - DistDGL (DGL's own distributed GraphSAGE, servers and trainers on loopback,
   :mod:`benchmarks.baselines.distdgl`) on the same graph: time to the same target and
   its (neighbour-sampled) evaluation time per round.
 
 The machine has 2 cores: from 4 processes on, every run is oversubscribed, so these
-figures show overheads, not the speedups of a GPU cluster.
+figures show overheads, not the speedups of a GPU cluster. ``python -m
+benchmarks.bench_scaling [--full]``.
 """
 
 from __future__ import annotations
 
-import os
-import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
 import yaml
-from benchmarks.common import pyplot, quick_mode, save_plot, write_results
+from benchmarks.common import pyplot, save_plot, write_results
+from benchmarks.graphs import Graph
+from benchmarks.harness import first_at_target, full_mode
+from benchmarks.methods import run_ours
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.train.metrics import read_metrics
 
 GRIDS = {1: "1x1x1x1", 2: "1x1x1x2", 4: "1x1x2x2", 8: "1x2x2x2"}
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def ours(num_nodes: int, processes: int, target: float, max_epochs: int) -> dict:
-    """One launch of ``scalegnn train`` through ``launch/mpirun.sh``; its metrics summary."""
+    """One ``scalegnn train`` on ``processes`` ranks, stopping at the target."""
     config = {
         "data": {"name": "synthetic", "synthetic": {"num_nodes": num_nodes}},
         # the best settings of the accuracy sweep (benchmarks/baselines/run_peers.py)
         "model": {"hidden": 64, "layers": 2, "dropout": 0.2, "norm": False, "residual": False},
-        "sampling": {"batch_size": num_nodes // 2, "prefetch": True},
-        "train": {
-            "epochs": max_epochs,
-            "eval_every": 1,
-            "target_metric": "test_acc",
-            "target_acc": target,
-            "progress": False,
-        },
+        "sampling": {"prefetch": True},
+        "train": {"epochs": max_epochs, "eval_every": 1, "target_acc": target},
         "optim": {"lr": 0.01},
     }
     with tempfile.TemporaryDirectory() as scratch:
-        path, metrics = Path(scratch, "config.yaml"), Path(scratch, "metrics.jsonl")
+        path = Path(scratch, "config.yaml")
         path.write_text(yaml.safe_dump(config))
-        env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
-        subprocess.run(
-            [
-                str(ROOT / "launch" / "mpirun.sh"),
-                str(processes),
-                GRIDS[processes],
-                str(path),
-                "--metrics",
-                str(metrics),
-            ],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=3600,
-            capture_output=True,
-        )
-        steps = read_metrics(metrics, "step")
-        evals = read_metrics(metrics, "eval")
-        summary = read_metrics(metrics, "summary")[0]
-    kinds = sorted({k for s in steps for k in s["bytes"]})
+        graph = Graph("synthetic", str(path), SyntheticConfig.num_classes, num_nodes)
+        settings = {"sampling.batch_size": num_nodes // 2}
+        result = run_ours(graph, settings, Path(scratch), 3600, GRIDS[processes])
+    reached = first_at_target(result["history"], target)
     return {
         "processes": processes,
         "grid": GRIDS[processes],
-        "time_to_target_s": summary["time_to_target_s"],
-        "epochs": summary["epochs"],
-        "epoch_s": summary["train_s"] / max(summary["epochs"], 1),
-        "eval_s_per_round": statistics.median(e["eval_s"] for e in evals),
-        "bytes_per_step": {k: statistics.mean(s["bytes"].get(k, 0) for s in steps) for k in kinds},
-        "best_test_acc": max(e["test_acc"] for e in evals),
+        "time_to_target_s": None if reached is None else reached["train_s"],
+        "epochs": result["epochs"],
+        "epoch_s": result["step_s"] * result["steps"] / max(result["epochs"], 1),
+        "eval_s_per_round": result["eval_s_per_round"],
+        "bytes_per_step": result["bytes_per_step"],
+        "best_test_acc": max(record["test_acc"] for record in result["history"]),
     }
 
 
@@ -100,8 +78,7 @@ def distdgl(num_nodes: int, processes: int, target: float, max_epochs: int) -> d
     }
 
 
-def main() -> dict:
-    quick = quick_mode()
+def main(quick: bool = True) -> dict:
     num_nodes, target, max_epochs = (20_000, 0.80, 10) if quick else (50_000, 0.87, 15)
     counts = (1, 2, 4, 8)
     rows = {"dgl_scalegnn": [], "distdgl": []}
@@ -129,7 +106,7 @@ def main() -> dict:
             counts, [r["time_to_target_s"] or float("nan") for r in series], "o-", label=system
         )
     left.set_ylabel("epoch time, s")
-    right.set_ylabel(f"training time to {target:.2f} test accuracy, s")
+    right.set_ylabel(f"training time to {target:.2f} validation accuracy, s")
     for axis in (left, right):
         axis.set_xlabel("processes (2 cores)")
         axis.set_xscale("log", base=2)
@@ -139,4 +116,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main(not full_mode(__doc__))

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import median_seconds, pyplot, quick_mode, save_plot, write_results
+from benchmarks.common import median_seconds, pyplot, save_plot, write_results
+from benchmarks.harness import full_mode
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
@@ -49,8 +50,7 @@ def _measure(block, width: int, repeats: int) -> dict[str, float]:
     return row
 
 
-def main() -> dict:
-    quick = quick_mode()
+def main(quick: bool = True) -> dict:
     num_nodes, width, repeats = (200_000, 128, 7) if quick else (1_000_000, 128, 11)
     prepared = prepare_in_memory(generate(SyntheticConfig(num_nodes=num_nodes, avg_degree=20.0)), 0)
     rows = []
@@ -97,4 +97,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    main(not full_mode(__doc__))

@@ -20,11 +20,6 @@ from dgl_scalegnn.data.prepared import PreparedGraph
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def quick_mode() -> bool:
-    """``SCALEGNN_BENCH_QUICK=1`` (the default of ``make bench``) shrinks every benchmark."""
-    return os.environ.get("SCALEGNN_BENCH_QUICK", "1") != "0"
-
-
 def median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
     """Median wall time of ``fn`` over ``repeats`` calls after ``warmup`` calls."""
     for _ in range(warmup):

@@ -1,7 +1,7 @@
 """``make bench``: every benchmark in one run, and a markdown summary of the results.
 
-Quick mode (the default, ``SCALEGNN_BENCH_QUICK=1``) sizes everything to finish in
-under 20 minutes on 2 cores; ``SCALEGNN_BENCH_QUICK=0`` runs the full sizes. Results
+Quick mode (the default) sizes everything to finish in under 20 minutes on 2 cores;
+``--full`` (``make bench BENCH_ARGS=--full``) runs the full sizes. Results
 (JSON and PNG) and ``summary.md`` go to ``benchmarks/results/``.
 
 1. accuracy, time to target and evaluation time: dgl_scalegnn, GraphSAINT-node and
@@ -21,8 +21,6 @@ import os
 import time
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch starts its threads
-
 from benchmarks import (
     bench_optimizations,
     bench_projection,
@@ -33,7 +31,9 @@ from benchmarks import (
     scale_report,
 )
 from benchmarks.baselines import run_peers
-from benchmarks.common import RESULTS, quick_mode, write_results
+from benchmarks.bench_scale import ScaleSettings
+from benchmarks.common import RESULTS, write_results
+from benchmarks.harness import full_mode
 
 
 def _accuracy(quick: bool) -> dict[str, Any]:
@@ -109,11 +109,11 @@ def _scaling_rows(scaling: dict) -> list[list[Any]]:
     return rows
 
 
-def _summary(results: dict[str, Any], minutes: float) -> str:
+def _summary(results: dict[str, Any], minutes: float, quick: bool) -> str:
     lines = [
         "# Benchmark summary",
         "",
-        f"Run time {minutes:.1f} min, {os.cpu_count()} cores; quick mode: {quick_mode()}.",
+        f"Run time {minutes:.1f} min, {os.cpu_count()} cores; quick mode: {quick}.",
     ]
     lines += _table(
         "Accuracy and time to target (1 process each, same timing loop)",
@@ -251,27 +251,27 @@ def _epochs_text(measured: dict | None) -> str:
     if measured is None:
         return "not measured (run `make bench-scale` first)."
     return (
-        f"{measured['epochs']:.2f} epochs to {measured['target_acc']:.4f} test accuracy "
+        f"{measured['epochs']:.2f} epochs to {measured['target_acc']:.4f} validation accuracy "
         f"({measured['reached']} seeds, {measured['num_nodes']:,} vertices)."
     )
 
 
-def main() -> None:
-    quick = quick_mode()
+def main(argv: list[str] | None = None) -> None:
+    quick = not full_mode(__doc__, argv)
     start = time.perf_counter()
     results = {
-        "sampling": bench_sampling.main(),
-        "spmm": bench_spmm.main(),
+        "sampling": bench_sampling.main(quick),
+        "spmm": bench_spmm.main(quick),
         "accuracy": _accuracy(quick),
-        "scaling": bench_scaling.main(),
-        "optimizations": bench_optimizations.main(),
+        "scaling": bench_scaling.main(quick),
+        "optimizations": bench_optimizations.main(quick),
         # full mode: the scale benchmark first, so that the projection uses its epochs
-        "scale": None if quick else bench_scale.main(),
+        "scale": None if quick else bench_scale.main(ScaleSettings(full=True)),
         "projection": bench_projection.main(),
         "projection_epochs": bench_projection.measured_epochs_to_target(),
     }
     minutes = (time.perf_counter() - start) / 60
-    summary = _summary(results, minutes)
+    summary = _summary(results, minutes, quick)
     (RESULTS / "summary.md").write_text(summary)
     print(summary)
     print(f"wrote {RESULTS / 'summary.md'} ({minutes:.1f} min)")

@@ -16,7 +16,7 @@ import psutil
 import torch
 
 import yaml
-from benchmarks import bench_scale
+from benchmarks.graphs import Graph
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.graph import NodeDataset
@@ -60,24 +60,21 @@ def random_dataset(
     return NodeDataset("random", graph, num_classes, multilabel=multilabel)
 
 
-def small_prepared_graph(tmp_path: Path) -> bench_scale.Graph:
+def small_prepared_graph(tmp_path: Path) -> Graph:
     """A 2,000-vertex synthetic graph (8 features) prepared by ``scalegnn prepare`` into
-    ``tmp_path/prepared``, as the benchmarks' :class:`~benchmarks.bench_scale.Graph` of
+    ``tmp_path/prepared``, as the benchmarks' :class:`~benchmarks.graphs.Graph` of
     the sparse preset (its 1M config; no DGL file, no partitions)."""
     from dgl_scalegnn.cli import main as cli_main
 
     prepared = tmp_path / "prepared"
     synthetic = ["--set", "data.synthetic.num_nodes=2000", "--set", "data.synthetic.num_features=8"]
     assert cli_main(["prepare", "--dataset", "synthetic", *synthetic, "--out", str(prepared)]) == 0
-    return bench_scale.Graph(
+    return Graph(
         name="sparse",
         config_file=str(ROOT / "yaml" / "synthetic-1m.yaml"),
         prepared=prepared,
-        dgl_file=tmp_path / "unused.bin",
-        part_config=tmp_path / "unused.json",
         num_classes=8,
         num_nodes=2000,
-        setup_s={},
     )
 
 

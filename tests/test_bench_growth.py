@@ -1,5 +1,5 @@
-"""The growth benchmark's arithmetic: sizes from the environment, exponents, the model's
-gap, and failed runs kept with what they measured (no benchmark is run)."""
+"""The growth benchmark's arithmetic: sizes and methods from its command line, exponents,
+the model's gap, and failed runs kept with what they measured (no benchmark is run)."""
 
 from __future__ import annotations
 
@@ -14,19 +14,21 @@ import time
 
 import pytest
 
-from benchmarks import bench_growth, bench_scale, growth_report
+from benchmarks import bench_growth, graphs, growth_report, harness
+from benchmarks.graphs import Size
+from benchmarks.methods import STEP_CAP
 from tests.helpers import small_prepared_graph
 
 
 def test_sizes_parse_per_preset_smallest_first_and_refuse_unknown_presets() -> None:
-    sizes = bench_growth.growth_sizes("sparse=3e6,1e6;products-like=1000000")
+    sizes = graphs.parse_sizes("sparse=3e6,1m;products-like=1000000")
     assert [(s.preset, s.num_nodes, s.batch_size) for s in sizes] == [
         ("sparse", 1_000_000, 10_000),
         ("sparse", 3_000_000, 30_000),
         ("products-like", 1_000_000, 10_000),
     ]
     with pytest.raises(ValueError, match="unknown preset"):
-        bench_growth.growth_sizes("dense=1000")
+        graphs.parse_sizes("dense=1000")
 
 
 @pytest.mark.parametrize("slope", [0.0, 0.5, 1.0, 1.7])
@@ -83,16 +85,16 @@ def test_analysis_flags_growth_the_model_does_not_predict_and_keeps_failed_runs(
 
 def test_thrash_guard_stops_a_run_that_starves_the_host_and_spares_others(tmp_path) -> None:
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
-    starved = bench_growth.ThrashGuard(floor_mb=500, patience=3, available_mb=lambda: 100.0)
+    starved = harness.ThrashGuard(floor_mb=500, patience=3, available_mb=lambda: 100.0)
     start = time.perf_counter()
-    with pytest.raises(bench_scale.BenchScaleError, match="exited with -9"):
-        bench_scale._run(sleeper, tmp_path / "starved.log", 1, 30, starved)
+    with pytest.raises(harness.BenchError, match="exited with -9"):
+        harness.run_process(sleeper, tmp_path / "starved.log", 1, 30, starved)
     assert starved.stopped and time.perf_counter() - start < 15
     # short dips below the floor are forgiven: the count restarts when memory returns
     readings = iter([100.0, 100.0, 4000.0] * 10 + [4000.0] * 100)
-    dips = bench_growth.ThrashGuard(500, patience=3, available_mb=lambda: next(readings))
+    dips = harness.ThrashGuard(500, patience=3, available_mb=lambda: next(readings))
     quick = [sys.executable, "-c", "import time; time.sleep(3)"]
-    bench_scale._run(quick, tmp_path / "dips.log", 1, 30, dips)
+    harness.run_process(quick, tmp_path / "dips.log", 1, 30, dips)
     assert not dips.stopped
 
 
@@ -109,14 +111,15 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
         "beside what the rank holds"
     )
 
-    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
+    def fake_run(graph, settings, log_dir, timeout_s, grid, watch):
         calls.append(dict(settings))
-        rounds.append(list(at))
+        rounds.append(json.loads(settings["train.eval_at_steps"]))
         if settings.get("train.evaluate") != "false":
-            raise bench_scale.BenchScaleError(f"mpirun ... exited with 2; log x:\n{refusal}")
+            raise harness.BenchError(f"mpirun ... exited with 2; log x:\n{refusal}")
         return {
             "history": [],
-            "steps": 40 if "train.max_train_s" in settings else steps,  # stopped at 20 s
+            # stopped at 20 s
+            "steps": 40 if "train.max_train_s" in settings else settings["train.max_steps"],
             "step_s": 0.5,
             "steady_step_s": 0.5,
             "first_step_s": 0.9,
@@ -136,15 +139,15 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
             "test_acc": 0.81,
         }
 
-    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "evaluate_checkpoint", fake_evaluate)
     monkeypatch.setattr(
         bench_growth,
         "predict",
         lambda graph, grid, batch: {"step_s": 0.4, "peak_rank_mb": 4000.0, "eval_s": 9.0},
     )
-    size = bench_growth.GrowthSize("sparse", 10_000_000)
-    row = bench_growth.run_ours(None, size, "1x2x2x2", 20.0, 0.5, 0.0, tmp_path)
+    size = Size("sparse", 10_000_000)
+    row = bench_growth.measure_ours(None, size, "1x2x2x2", 20.0, 0.5, 0.0, tmp_path)
     # the timing run at the fixed B is never evaluated; the budget run is, until refused
     assert [c.get("train.evaluate") for c in calls] == ["false", None, "false"]
     assert calls[1]["train.evaluation"] == "layerwise"  # never minutes in neighbourhoods
@@ -152,7 +155,7 @@ def test_ranks_refused_an_evaluation_train_without_it_and_evaluate_the_checkpoin
     assert rounds == [[], [], []]  # 8 ranks: one round, the one after the last step
     assert calls[0]["sampling.batch_size"] == bench_growth.FIXED_BATCH
     assert calls[-1]["output.dir"] == tmp_path / "ckpt-sparse-10000000-1x2x2x2"
-    assert calls[-1]["output.checkpoint_every"] == bench_growth.STEP_CAP  # only at the end
+    assert calls[-1]["output.checkpoint_every"] == STEP_CAP  # only at the end
     assert row["steps"] == 40
     assert row["test_acc"] == 0.81 and row["train_max_rss_mb"] == [1900.0] * 8
     assert row["evaluated_elsewhere"]["why"].startswith("parallel.grid 1x2x2x2: a layer-wise")
@@ -183,7 +186,7 @@ def test_a_checkpoint_evaluates_on_one_process_from_the_benchmark(tmp_path) -> N
     argv += ["--metrics", str(tmp_path / "train.jsonl")]
     assert cli_main(argv) == 0
     assert not [e for e in read_metrics(tmp_path / "train.jsonl") if e["event"] == "eval"]
-    size = bench_growth.GrowthSize("sparse", 20_000)  # B = 200, as trained
+    size = Size("sparse", 20_000)  # B = 200, as trained
     evaluated = bench_growth.evaluate_checkpoint(graph, size, run, 3, tmp_path)
     assert evaluated["step"] == 3 and evaluated["grid"] == "1x1x1x1"
     assert 0.0 <= evaluated["test_acc"] <= 1.0 and evaluated["eval_s"] > 0
@@ -191,7 +194,7 @@ def test_a_checkpoint_evaluates_on_one_process_from_the_benchmark(tmp_path) -> N
 
 
 def _ran(steps: int, step_s: float, history: list, processes: int = 1) -> dict:
-    """What a faked ``bench_scale.run_ours`` returns: ``steps`` steps of ``step_s``."""
+    """What a faked ``methods.run_ours`` returns: ``steps`` steps of ``step_s``."""
     return {
         "history": history,
         "steps": steps,
@@ -204,6 +207,11 @@ def _ran(steps: int, step_s: float, history: list, processes: int = 1) -> dict:
     }
 
 
+def _schedule(settings: dict) -> tuple[int, list[int]]:
+    """The steps and evaluation steps a faked run was asked for."""
+    return settings["train.max_steps"], json.loads(settings["train.eval_at_steps"])
+
+
 def test_one_process_trains_its_budget_in_one_launch_evaluated_twice(monkeypatch, tmp_path) -> None:
     """One launch of ``train.max_train_s`` 20 s (runs faked), whatever its steps cost:
     the guess of 0.5 s a step plans 40 steps, so the first round goes after 32 of them
@@ -211,21 +219,21 @@ def test_one_process_trains_its_budget_in_one_launch_evaluated_twice(monkeypatch
     second, the first beside it."""
     launches = []
 
-    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
-        launches.append((dict(settings), steps, list(at)))
+    def fake_run(graph, settings, log_dir, timeout_s, grid, watch):
+        launches.append((dict(settings), *_schedule(settings)))
         history = [  # 1 s a step: 20 steps, the first round after step 32 not run
             {"train_s": 19.0, "eval_s": 2.5, "val_acc": 0.8, "test_acc": 0.8},
             {"train_s": 20.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8},
         ]
         return _ran(20, 1.0, history)
 
-    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
-    size = bench_growth.GrowthSize("sparse", 1_000_000)  # B = 10,000: no fixed-B run
-    row = bench_growth.run_ours(None, size, "1x1x1x1", 20.0, 0.5, 0.85, tmp_path)
+    size = Size("sparse", 1_000_000)  # B = 10,000: no fixed-B run
+    row = bench_growth.measure_ours(None, size, "1x1x1x1", 20.0, 0.5, 0.85, tmp_path)
     ((settings, steps, at),) = launches
-    assert settings["train.max_train_s"] == 20.0 and steps == bench_growth.STEP_CAP
-    assert settings["train.eval_every"] == bench_growth.STEP_CAP
+    assert settings["train.max_train_s"] == 20.0 and steps == STEP_CAP
+    assert settings["train.eval_every"] == STEP_CAP
     assert at == [32] and row["step_guess_s"] == 0.5
     assert row["steps"] == 20 and row["train_s"] == 20.0
     assert row["eval_s"] == 1.0 and row["first_eval_s"] == 2.5
@@ -238,16 +246,17 @@ def test_one_process_without_a_guess_times_its_batch_first(monkeypatch, tmp_path
     place the first round (0.25 s a step: 80 steps of 20 s, the round after 64)."""
     launches = []
 
-    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
-        launches.append((settings.get("train.evaluate"), steps, list(at)))
+    def fake_run(graph, settings, log_dir, timeout_s, grid, watch):
+        steps, at = _schedule(settings)
+        launches.append((settings.get("train.evaluate"), steps, at))
         history = [{"train_s": 20.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
-        return _ran(80 if steps == bench_growth.STEP_CAP else steps, 0.25, history)
+        return _ran(80 if steps == STEP_CAP else steps, 0.25, history)
 
-    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
-    size = bench_growth.GrowthSize("sparse", 1_000_000)
-    bench_growth.run_ours(None, size, "1x1x1x1", 20.0, None, 0.85, tmp_path)
-    assert launches == [("false", 8, []), (None, bench_growth.STEP_CAP, [64])]
+    size = Size("sparse", 1_000_000)
+    bench_growth.measure_ours(None, size, "1x1x1x1", 20.0, None, 0.85, tmp_path)
+    assert launches == [("false", 8, []), (None, STEP_CAP, [64])]
 
 
 def test_eight_ranks_time_the_fixed_batch_then_train_the_budget_once(monkeypatch, tmp_path) -> None:
@@ -257,17 +266,18 @@ def test_eight_ranks_time_the_fixed_batch_then_train_the_budget_once(monkeypatch
     size's step and the fixed-B run's, grown as B^exponent."""
     launches = []
 
-    def fake_run(graph, p, settings, seed, processes, steps, at, log_dir, grid, watch, metrics):
-        launches.append((settings["sampling.batch_size"], steps, list(at)))
+    def fake_run(graph, settings, log_dir, timeout_s, grid, watch):
+        steps, at = _schedule(settings)
+        launches.append((settings["sampling.batch_size"], steps, at))
         step_s = 0.5 if settings["sampling.batch_size"] == bench_growth.FIXED_BATCH else 1.5
         history = [{"train_s": 30.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
-        return _ran(20 if steps == bench_growth.STEP_CAP else steps, step_s, history, 8)
+        return _ran(20 if steps == STEP_CAP else steps, step_s, history, 8)
 
-    monkeypatch.setattr(bench_scale, "run_ours", fake_run)
+    monkeypatch.setattr(bench_growth, "run_ours", fake_run)
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
-    size = bench_growth.GrowthSize("sparse", 3_000_000)
-    row = bench_growth.run_ours(None, size, "4x2x1x1", 30.0, None, 1.0, tmp_path)
-    assert launches == [(bench_growth.FIXED_BATCH, 8, []), (30_000, bench_growth.STEP_CAP, [])]
+    size = Size("sparse", 3_000_000)
+    row = bench_growth.measure_ours(None, size, "4x2x1x1", 30.0, None, 1.0, tmp_path)
+    assert launches == [(bench_growth.FIXED_BATCH, 8, []), (30_000, STEP_CAP, [])]
     assert "step_guess_s" not in row and row["fixed_batch"]["step_s"] == 0.5
     assert row["steps"] == 20 and row["train_s"] == 30.0
     assert bench_growth.batch_exponent(row["step_s"], 0.5, size.batch_size) == 1.0
@@ -281,22 +291,22 @@ def test_a_partition_predicted_not_to_fit_is_not_started_and_its_row_says_so(
     with 20 GB available the partitioning is not started (``_measured`` would fail the
     test), the setup holds the prediction, and DistDGL's row and the report say why. With
     64 GB available it runs."""
-    size = bench_growth.GrowthSize("sparse", 10_000_000)
+    size = Size("sparse", 10_000_000)
     base = tmp_path / size.name
     base.mkdir()
     ready = {"prepare": {"seconds": 1.0, "peak_rss_mb": 1.0}}
     (base / "setup.json").write_text(json.dumps({**ready, "generate": ready["prepare"]}))
     started = []
-    monkeypatch.setattr(bench_growth, "_available_mb", lambda: 20_000.0)
-    monkeypatch.setattr(bench_growth, "_measured", lambda *args: started.append(args))
+    monkeypatch.setattr(graphs, "host_available_mb", lambda: 20_000.0)
+    monkeypatch.setattr(graphs, "measured", lambda *args: started.append(args))
     peaks = {"sparse": [(1_000_000, 3260.0), (3_000_000, 8897.0)]}
-    _, setup = bench_growth.setup_graph(size, tmp_path, bench_growth.METHODS, peaks)
+    _, setup = graphs.setup_graph(size, tmp_path, ("generate", "partition"), peaks)
     assert not started and round(setup["partition"]["predicted_peak_rss_mb"]) == 26735
     assert "N^0.91" in setup["partition"]["error"]
 
-    rows, setup_graph = [], bench_growth.setup_graph
+    rows = []
     monkeypatch.setattr(bench_growth, "setup_graph", lambda *args: (None, setup))
-    monkeypatch.setattr(bench_growth, "plan_grid", lambda graph, batch: bench_scale.GRID_8)
+    monkeypatch.setattr(bench_growth, "plan_grid", lambda graph, batch: bench_growth.GRID_8)
     carry = {"partition_peaks": peaks}
     wanted = {"DistDGL, 8 trainers"}
     bench_growth.run_size(size, 6.0, tmp_path, tmp_path, {}, rows.append, wanted, carry)
@@ -309,12 +319,10 @@ def test_a_partition_predicted_not_to_fit_is_not_started_and_its_row_says_so(
     table = "\n".join(growth_report._setup_table({**analysed, "exponents": {}}))
     assert "| not run (predicted 26735 MB) |" in table
 
-    monkeypatch.setattr(bench_growth, "_available_mb", lambda: 64_000.0)
+    monkeypatch.setattr(graphs, "host_available_mb", lambda: 64_000.0)
     (base / "setup.json").write_text(json.dumps({**ready, "generate": ready["prepare"]}))
-    monkeypatch.setattr(
-        bench_growth, "_measured", lambda *args: {"seconds": 2.0, "peak_rss_mb": 25_000.0}
-    )
-    _, setup = setup_graph(size, tmp_path, bench_growth.METHODS, peaks)
+    monkeypatch.setattr(graphs, "measured", lambda *args: {"seconds": 2.0, "peak_rss_mb": 25_000.0})
+    _, setup = graphs.setup_graph(size, tmp_path, ("generate", "partition"), peaks)
     assert setup["partition"] == {"seconds": 2.0, "peak_rss_mb": 25_000.0}
 
 
@@ -339,11 +347,11 @@ def test_graphsaint_sweeps_normalisation_and_rate_then_dropout_on_the_best() -> 
     assert line.count(": 0.7") == 5 and "dropout 0.2: 0.6" in line
 
 
-def test_methods_are_chosen_by_their_names_which_hold_commas(monkeypatch, tmp_path) -> None:
-    """``SCALEGNN_BENCH_GROWTH_METHODS`` takes names separated by ``;`` and refuses one
-    it does not know before anything runs."""
-    monkeypatch.setenv("SCALEGNN_BENCH_GROWTH_WORK", str(tmp_path))
-    monkeypatch.setenv("SCALEGNN_BENCH_GROWTH_METHODS", "dgl_scalegnn, 1 process; GraphSAGE")
+def test_methods_are_chosen_by_their_names_which_hold_commas(monkeypatch, tmp_path, capsys) -> None:
+    """``--methods`` takes names separated by ``;`` and refuses one it does not know
+    before anything runs; so is the environment variable it replaced, naming the flag."""
+    argv = ["--work", str(tmp_path), "--methods", "dgl_scalegnn, 1 process; GraphSAGE"]
+    settings = bench_growth.GrowthSettings.from_argv(argv)
     run_sizes = []
     monkeypatch.setattr(
         bench_growth, "run_size", lambda size, *args: run_sizes.append((size, args[5]))
@@ -351,10 +359,14 @@ def test_methods_are_chosen_by_their_names_which_hold_commas(monkeypatch, tmp_pa
     monkeypatch.setattr(bench_growth, "write_results", lambda name, payload: tmp_path / name)
     monkeypatch.setattr(bench_growth.growth_report, "analyse", lambda payload: {})
     monkeypatch.setattr(bench_growth.growth_report, "write", lambda payload, path: None)
-    bench_growth.main()
-    assert run_sizes and all(
-        wanted == {"dgl_scalegnn, 1 process", "GraphSAGE"} for _, wanted in run_sizes
-    )
-    monkeypatch.setenv("SCALEGNN_BENCH_GROWTH_METHODS", "dgl_scalegnn, 1 process, GraphSAGE")
-    with pytest.raises(SystemExit, match="unknown"):
-        bench_growth.main()
+    bench_growth.main(settings)
+    assert [size for size, _ in run_sizes] == list(bench_growth.GrowthSettings().sizes)
+    assert all(wanted == ("dgl_scalegnn, 1 process", "GraphSAGE") for _, wanted in run_sizes)
+    with pytest.raises(SystemExit) as refused:
+        bench_growth.GrowthSettings.from_argv(["--methods", "dgl_scalegnn, 1 process, GraphSAGE"])
+    assert refused.value.code == 2
+    monkeypatch.setenv("SCALEGNN_BENCH_GROWTH_METHODS", "GraphSAGE")
+    with pytest.raises(SystemExit) as retired:
+        bench_growth.GrowthSettings.from_argv([])
+    assert retired.value.code == 2
+    assert "SCALEGNN_BENCH_GROWTH_METHODS is no longer read" in capsys.readouterr().err

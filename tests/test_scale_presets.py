@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_growth, bench_scale, scale_presets
+from benchmarks import bench_scale, scale_presets
+from benchmarks.graphs import BATCH_FRACTION
 from dgl_scalegnn.config import load_config
 from dgl_scalegnn.data.synthetic import generate
 
@@ -38,7 +39,7 @@ def test_config_file_is_the_preset_at_1m(name: str) -> None:
         "optim.lr": cfg.optim.lr,
         "model.dropout": cfg.model.dropout,
         "sampling.batch_size": cfg.sampling.batch_size,
-    } in bench_scale.plan(quick=True).ours_grid()
+    } in bench_scale.plan().ours_grid()
     # the paper's model with the aggregated residual and the final norm
     model = cfg.model
     assert (model.layers, model.norm, model.residual, model.input_projection, model.head) == (
@@ -66,7 +67,7 @@ def test_larger_configs_are_the_preset_at_their_size_with_the_1m_settings(
     cfg = load_config(ROOT / config_file)
     at_1m = load_config(ROOT / scale_presets.CONFIG_FILES[name])
     assert cfg.data.synthetic == scale_presets.preset(name, num_nodes)
-    assert cfg.sampling.batch_size == num_nodes // bench_growth.BATCH_FRACTION
+    assert cfg.sampling.batch_size == num_nodes // BATCH_FRACTION
     assert (cfg.model, cfg.optim) == (at_1m.model, at_1m.optim)
 
 

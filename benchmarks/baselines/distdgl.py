@@ -112,7 +112,7 @@ class LaunchConfig:
     seed : int
         Trainer ``r`` seeds with ``seed + r``.
     target_acc : float or None
-        Test accuracy defining ``time_to_target_s``.
+        Validation accuracy defining ``time_to_target_s``.
     max_epochs, eval_every : int
         Epochs and evaluation period.
     stop_at_target : bool

@@ -13,8 +13,9 @@ common result format (:func:`train_baseline` seeds, builds and runs a baseline;
 ``best_val_acc``, ``test_at_best_val``
     The highest validation accuracy and the test accuracy of the same evaluation.
 ``time_to_target_s``
-    ``train_s`` of the first evaluation with ``test_acc >= target_acc``; ``None`` when
-    no target is given or it is never reached.
+    ``train_s`` of the first evaluation whose validation accuracy reaches ``target_acc``
+    (:func:`benchmarks.harness.first_at_target`, the trainer's definition); ``None``
+    when no target is given or it is never reached.
 ``eval_s_per_round``
     The median ``eval_s``.
 """
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from benchmarks.harness import first_at_target
 from dgl_scalegnn._dgl import dgl, disable_libxsmm
 from dgl_scalegnn.data.graph import NodeDataset
 
@@ -257,7 +259,7 @@ def run_epochs(
     baseline : Baseline
         The model, sampler and optimiser.
     target_acc : float or None
-        Test accuracy whose first crossing (at an evaluation) defines
+        Validation accuracy whose first crossing (at an evaluation) defines
         ``time_to_target_s``.
     max_epochs : int
         Epochs to train.
@@ -290,7 +292,7 @@ def run_epochs(
                 "eval_s": eval_s,
             }
         )
-        if stop_at_target and target_acc is not None and test_acc >= target_acc:
+        if stop_at_target and first_at_target(history[-1:], target_acc):
             break
     return summarise(history, target_acc)
 
@@ -414,16 +416,12 @@ def summarise(history: list[dict[str, Any]], target_acc: float | None) -> dict[s
     if not history:
         raise ValueError("an empty history has no result")
     best = max(history, key=lambda record: record["val_acc"])  # first of equals
-    reached = [
-        record["train_s"]
-        for record in history
-        if target_acc is not None and record["test_acc"] >= target_acc
-    ]
+    reached = first_at_target(history, target_acc)
     return {
         "history": history,
         "best_val_acc": best["val_acc"],
         "test_at_best_val": best["test_acc"],
-        "time_to_target_s": reached[0] if reached else None,
+        "time_to_target_s": None if reached is None else reached["train_s"],
         "eval_s_per_round": statistics.median(record["eval_s"] for record in history),
     }
 
@@ -525,7 +523,8 @@ class Method:
         stop_at_target: bool = False,
     ) -> dict[str, Any]:
         """:func:`train_baseline` with ``settings`` over :attr:`defaults` (unknown keys
-        refused); ``target_acc`` is the test accuracy defining ``time_to_target_s``."""
+        refused); ``target_acc`` is the validation accuracy defining
+        ``time_to_target_s``."""
         return train_baseline(
             self.factory,
             self.defaults,
