@@ -57,6 +57,7 @@ from dgl_scalegnn.sampling.full_graph import (
     buffer_peak,
     chunk_count,
     default_chunk_rows,
+    largest_part_rows,
 )
 from dgl_scalegnn.sampling.uniform import UniformSampler
 
@@ -491,7 +492,7 @@ def eval_seconds(work: Workload, shape: GridShape, hardware: Hardware, chunk_row
 def _chunk_memory(work: Workload, shape: GridShape, rank: int = 0) -> ChunkMemory:
     """What an evaluation's chunks take on ``rank`` (float32 features, int32 indices):
     :class:`~dgl_scalegnn.sampling.full_graph.ChunkMemory` beside the whole-graph
-    matrices of :func:`eval_buffer_bytes`."""
+    matrices of :func:`eval_buffer_bytes` and the ids of every vertex (int64)."""
     me = _Rank(work, shape, shape.coords(rank))
     n = work.num_nodes
     entries_per_row = max(
@@ -503,15 +504,16 @@ def _chunk_memory(work: Workload, shape: GridShape, rank: int = 0) -> ChunkMemor
     return ChunkMemory.of(
         widest_cols=max(math.ceil(width / narrowest_split) for width in widths),
         entries_per_row=entries_per_row,
-        reserved_bytes=eval_buffer_bytes(work, shape, rank),
+        reserved_bytes=eval_buffer_bytes(work, shape, rank) + 8 * n,
     )
 
 
 def eval_chunk_rows(work: Workload, shape: GridShape, free_bytes: float) -> int:
     """Chunk rows the GPU rule (:meth:`~dgl_scalegnn.sampling.full_graph.ChunkMemory.rows_within`)
     gives a rank of ``shape`` with ``free_bytes`` free on its device (float32 features,
-    int32 indices)."""
-    return _chunk_memory(work, shape).rows_within(free_bytes)
+    int32 indices), at most the rows it holds of a layer's matrix."""
+    most = largest_part_rows(work.num_nodes, shape)
+    return min(most, _chunk_memory(work, shape).rows_within(free_bytes))
 
 
 def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
@@ -549,10 +551,11 @@ def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
 def eval_memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
     """Bytes a full-graph evaluation adds on ``rank``: its whole-graph matrices
     (:func:`eval_buffer_bytes`) and one chunk's temporaries at the CPU's chunk rows
-    (:func:`~dgl_scalegnn.sampling.full_graph.default_chunk_rows`; a GPU sizes its
-    chunks to what is free)."""
+    (:func:`~dgl_scalegnn.sampling.full_graph.default_chunk_rows`, at most the rows a
+    rank holds of a layer's matrix; a GPU sizes its chunks to what is free)."""
     memory = _chunk_memory(work, shape, rank)
-    return memory.reserved_bytes + default_chunk_rows(shape.tp_size) * memory.row_bytes
+    rows = min(default_chunk_rows(shape.tp_size), largest_part_rows(work.num_nodes, shape))
+    return memory.reserved_bytes + rows * memory.row_bytes
 
 
 def memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> dict[str, float]:

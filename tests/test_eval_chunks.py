@@ -15,10 +15,13 @@
 from __future__ import annotations
 
 import json
+import weakref
 from collections import Counter
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from benchmarks.bench_projection import PAPERS100M, perlmutter
 from dgl_scalegnn.config import ModelConfig, SyntheticConfig, config_from_mapping
@@ -42,6 +45,7 @@ from dgl_scalegnn.sampling.full_graph import (
     FREE_MEMORY_SHARE,
     MIN_CHUNK_ROWS,
     ChunkMemory,
+    CSRRows,
     chunk_rows_for,
     default_chunk_rows,
 )
@@ -178,18 +182,62 @@ def test_chunk_rows_elsewhere_keep_the_cpu_rule(monkeypatch):
 
 def test_the_model_sizes_its_chunks_from_its_widths_and_the_free_memory(trainer, monkeypatch):
     """The model's rule on a graph whose tensors claim to be on CUDA: 8 rows of the widest
-    matrix and the CSR entries' copy per row; a layer's input and output set aside."""
+    matrix and 20 bytes for each CSR entry (what building a chunk's CSR holds at once) per
+    row; a layer's input and output and the ids of every vertex set aside; at most the
+    rows of the graph (one process), however much memory is free."""
     graph = trainer.store.full_graph()
-    _stub_free_memory(monkeypatch, 2**30)
-    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
-    rows = full_graph_chunk_rows(trainer.model, graph)
-    monkeypatch.undo()
+    rows = {}
+    for free in (2**21, 2**30):
+        _stub_free_memory(monkeypatch, free)
+        monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda", 0)))
+        rows[free] = full_graph_chunk_rows(trainer.model, graph)
+        monkeypatch.undo()
     meta = trainer.store.meta
     widest = max(meta.num_features, 12, meta.num_classes)
     block = next(iter(graph.blocks.values()))
-    row_bytes = 8 * widest * 4 + block.nnz / NUM_NODES * 8
-    reserved = 2 * NUM_NODES * widest * 4
-    assert rows == int(FREE_MEMORY_SHARE * (2**30 - reserved) // row_bytes)
+    row_bytes = 8 * widest * 4 + block.nnz / NUM_NODES * 20
+    reserved = 2 * NUM_NODES * widest * 4 + NUM_NODES * 8
+    assert rows[2**21] == int(FREE_MEMORY_SHARE * (2**21 - reserved) // row_bytes)
+    assert MIN_CHUNK_ROWS < rows[2**21] < NUM_NODES
+    assert rows[2**30] == NUM_NODES  # room for 1.1M rows: one chunk of every row
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The bytes of the tensors the operators under it make that are alive at once, at
+    most (``peak``): each output's storage counts until its tensor is freed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        # a view holds no storage of its own; a sparse tensor's parts were counted
+        for tensor in (t for t in made if t.layout == torch.strided and t._base is None):
+            size = tensor.untyped_storage().nbytes()
+            self.live += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(tensor, self._freed, size)
+        return out
+
+    def _freed(self, size: int) -> None:
+        self.live -= size
+
+
+def test_the_memory_model_counts_what_a_chunks_csr_holds_per_entry(trainer):
+    """Off the native loop a chunk's CSR rows are copied (indices, each entry's row, the
+    two gathered scales and their values): the bytes held at once, beyond the product's
+    output and its row pointers, per entry, as the chunk memory model counts them."""
+    block = next(iter(trainer.store.full_graph().blocks.values()))
+    rows = CSRRows(block, 0, NUM_NODES)
+    features = torch.randn(NUM_NODES, 4)
+    with _LiveBytes() as held:
+        out = rows.matmul(features)
+    pointers = (NUM_NODES + 1) * (8 + 4)  # rebased, then cast to the indices' dtype
+    per_entry = (held.peak - out.numel() * out.element_size() - pointers) / block.nnz
+    counted = ChunkMemory.of(widest_cols=0, entries_per_row=1.0, reserved_bytes=0).row_bytes
+    assert 16 < per_entry <= counted, (per_entry, counted)
 
 
 #: Counted on real ranks: N odd and chunks of 37 rows split every axis unevenly, and

@@ -4,7 +4,8 @@ On a GPU each read-back of device data (``float(t)``, ``.tolist()``, boolean ind
 stops the host until the device has caught up. The evaluation's counts are accumulated
 on the device and read once per evaluation, however many chunks it runs (layer-wise) or
 pieces (neighbourhoods); the multi-label loss sums its masked entries without boolean
-indexing, so that a training step reads the device once, as the single-label one does.
+indexing, so that a training step reads the device once, as the single-label one does;
+the ids of every vertex an evaluation takes are made on the device.
 Counted on CPU tensors (:class:`~tests.gpu.host_syncs.HostSyncCounter`), where every
 read a GPU would wait for is seen; the counts themselves are checked against the
 logits of one whole forward.
@@ -17,6 +18,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
@@ -122,3 +124,31 @@ def test_a_multilabel_training_step_reads_the_device_once():
         logits[mask], batch.labels[mask].to(logits.dtype)
     )
     assert loss.item() == pytest.approx(float(expected), rel=1e-6)
+
+
+class _Copies(TorchDispatchMode):
+    """The copies between tensors (and devices) of the operators under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.copy_):
+            self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_full_graph_ids_are_made_on_the_device(trainer, monkeypatch):
+    """Every evaluation takes the ids of all vertices (0.9 GB at 111M vertices): made
+    where the store keeps its share ("meta" stands in for a GPU), never copied there,
+    their split found from the range without reading anything back."""
+    on_cpu = trainer.store.full_graph().rows
+    monkeypatch.setattr(trainer.store, "device", torch.device("meta"))
+    with _Copies() as copies, HostSyncCounter() as syncs:
+        rows = trainer.store.full_graph().rows
+    assert copies.calls == [] and syncs.total == 0, (copies.calls, dict(syncs.calls))
+    assert rows.vertex_ids.device == torch.device("meta")
+    assert rows.vertex_ids.shape == on_cpu.vertex_ids.shape == (NUM_NODES,)
+    assert rows.bounds == on_cpu.bounds
+    assert torch.equal(on_cpu.vertex_ids, torch.arange(NUM_NODES))

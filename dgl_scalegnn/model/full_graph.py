@@ -29,9 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis
-from dgl_scalegnn.distributed.comm import all_reduce
+from dgl_scalegnn.distributed.comm import all_reduce, reduce_over_world
 from dgl_scalegnn.model.convs import GraphLayer
 from dgl_scalegnn.model.convs.base import Narrowed
 from dgl_scalegnn.model.layers import Head, InputProjection
@@ -45,7 +46,9 @@ from dgl_scalegnn.sampling.full_graph import (
     buffer_peak,
     chunk_count,
     chunk_rows_for,
+    csr_copy_entry_bytes,
     csr_row_chunks,
+    largest_part_rows,
     row_chunks,
 )
 
@@ -54,6 +57,7 @@ __all__ = [
     "full_graph_forward",
     "full_graph_counts",
     "full_graph_chunk_rows",
+    "agreed_chunk_rows",
     "full_graph_memory",
     "full_graph_buffer_bytes",
 ]
@@ -129,9 +133,10 @@ def full_graph_forward(
     chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, ShardSpec]:
     """Logits of every vertex of ``graph`` and their spec, layer by layer in chunks of
-    ``chunk_rows`` output rows per rank (by default sized for the device:
-    :func:`full_graph_chunk_rows`); the SpMMs on the native CPU loop where the model's
-    native kernels are on (:class:`~dgl_scalegnn.sampling.full_graph.CSRRows`).
+    ``chunk_rows`` output rows per rank (by default sized for the devices and agreed by
+    every rank: :func:`agreed_chunk_rows`, a collective); the SpMMs on the native CPU
+    loop where the model's native kernels are on
+    (:class:`~dgl_scalegnn.sampling.full_graph.CSRRows`).
     ``model`` must be in evaluation mode.
     """
     logits, spec = _forward(model, graph, chunk_rows, None)
@@ -189,7 +194,7 @@ def _forward(
     if model.training:
         raise RuntimeError("full-graph evaluation: call model.eval() first")
     if chunk_rows is None:
-        chunk_rows = full_graph_chunk_rows(model, graph)
+        chunk_rows = agreed_chunk_rows(model, graph)
     buffers = _buffers(model, graph)
     spec = buffers.first
 
@@ -233,25 +238,28 @@ def _forward(
 def full_graph_memory(model: ParallelScaleGNN, graph: FullGraph) -> ChunkMemory:
     """What evaluating ``graph`` takes on this rank: the
     :class:`~dgl_scalegnn.sampling.full_graph.ChunkMemory` of the model's widths and the
-    graph's entries per row, beside the whole-graph matrices
-    (:func:`full_graph_buffer_bytes`)."""
+    graph's entries per row (each taking
+    :func:`~dgl_scalegnn.sampling.full_graph.csr_copy_entry_bytes` while a chunk's CSR is
+    built), beside the whole-graph matrices (:func:`full_graph_buffer_bytes`) and the ids
+    of every vertex (``graph.rows``, made for the evaluation)."""
     entries_per_row, entry_bytes = max(
         (
             (
                 block.nnz / max(1, block.row_stop - block.row_start),
-                block.indices.element_size() + block.row_scale.element_size(),  # index, value
+                csr_copy_entry_bytes(block.indices.element_size(), block.row_scale.element_size()),
             )
             for block in graph.blocks.values()
         ),
         default=(0.0, 0),
     )
+    ids = graph.rows.vertex_ids
     shape = model.runtime.grid.shape
     narrowest_split = min(shape.size(axis) for axis in Axis)  # columns split along one
     widths = (model.in_features, model.cfg.hidden, model.num_classes)
     return ChunkMemory.of(
         widest_cols=max(math.ceil(width / narrowest_split) for width in widths),
         entries_per_row=entries_per_row,
-        reserved_bytes=full_graph_buffer_bytes(model, graph),
+        reserved_bytes=full_graph_buffer_bytes(model, graph) + ids.numel() * ids.element_size(),
         element_bytes=graph.features.element_size(),
         entry_bytes=entry_bytes,
     )
@@ -260,11 +268,30 @@ def full_graph_memory(model: ParallelScaleGNN, graph: FullGraph) -> ChunkMemory:
 def full_graph_chunk_rows(
     model: ParallelScaleGNN, graph: FullGraph, memory: ChunkMemory | None = None
 ) -> int:
-    """Output rows per chunk and rank for evaluating ``graph`` on its device
+    """Output rows per chunk that this rank's device has room for in evaluating ``graph``
     (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for` with ``memory``, by default
-    :func:`full_graph_memory`)."""
+    :func:`full_graph_memory`), at most the rows it holds of a layer's matrix
+    (:func:`~dgl_scalegnn.sampling.full_graph.largest_part_rows`): more would be counted
+    in the memory it needs, never used."""
     memory = memory if memory is not None else full_graph_memory(model, graph)
-    return chunk_rows_for(graph.features.device, model.runtime.grid.shape.tp_size, memory)
+    shape = model.runtime.grid.shape
+    room = chunk_rows_for(graph.features.device, shape.tp_size, memory)
+    return min(room, largest_part_rows(graph.rows.num_nodes, shape))
+
+
+def agreed_chunk_rows(
+    model: ParallelScaleGNN, graph: FullGraph, memory: ChunkMemory | None = None
+) -> int:
+    """Output rows per chunk and rank of an evaluation, the same on every rank: the fewest
+    of :func:`full_graph_chunk_rows` over the ranks (one all-reduce: every rank must call
+    it). Ranks whose devices have different room would otherwise run different chunks:
+    their collectives would not match (a hang), and the data-parallel replicas, which
+    share the chunks out, would count some rows twice and others never."""
+    rows = full_graph_chunk_rows(model, graph, memory)
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return rows
+    mine = torch.tensor([rows], dtype=torch.int64, device=graph.features.device)
+    return int(reduce_over_world(mine, dist.ReduceOp.MIN).item())
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ the ranks of a reduce group (which share the row axis) the same row counts, so t
 parallel operators of the training forward (all-reduces, the residual's all-to-all)
 apply to a chunk unchanged. Its rows and their split are known on the host, so no chunk
 waits for the device; on a GPU the chunk rows come from its free memory
-(:func:`chunk_rows_for`).
+(:func:`chunk_rows_for`), at most the rows a rank holds of a layer's matrix
+(:func:`largest_part_rows`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ __all__ = [
     "MIN_CHUNK_ROWS",
     "FREE_MEMORY_SHARE",
     "CHUNK_TEMPORARIES",
+    "csr_copy_entry_bytes",
+    "largest_part_rows",
     "ChunkMemory",
     "buffer_peak",
     "default_chunk_rows",
@@ -97,6 +100,29 @@ def default_chunk_rows(tp_size: int) -> int:
     return min(DEFAULT_CHUNK_ROWS, max(MIN_CHUNK_ROWS, 2 * DEFAULT_CHUNK_ROWS // tp_size))
 
 
+def csr_copy_entry_bytes(index_bytes: int = 4, value_bytes: int = 4) -> int:
+    """Bytes per entry that a chunk's CSR rows hold at once while :meth:`CSRRows.matmul`
+    builds their CSR off the native loop: the copy of the column indices and each entry's
+    row (``index_bytes`` each), the two scales gathered for it and their product, its
+    value (``value_bytes`` each). The native loop copies nothing.
+
+    >>> csr_copy_entry_bytes()  # int32 indices, float32 values
+    20
+    """
+    return 2 * index_bytes + 3 * value_bytes
+
+
+def largest_part_rows(num_nodes: int, shape: GridShape) -> int:
+    """The most rows one rank holds of a full-graph matrix whose rows are split along any
+    axis of ``shape`` (:func:`chunk_count`'s largest part): no chunk needs more rows a
+    rank, however much memory is free.
+
+    >>> largest_part_rows(6000, GridShape(1, 1, 1, 2)), largest_part_rows(7, GridShape(1, 2, 2, 2))
+    (6000, 4)
+    """
+    return max(1, math.ceil(num_nodes / min(shape.size(axis) for axis in Axis)))
+
+
 @dataclass(frozen=True)
 class ChunkMemory:
     """What an evaluation's chunks take on one rank: ``row_bytes`` per output row of a
@@ -112,17 +138,20 @@ class ChunkMemory:
         entries_per_row: float,
         reserved_bytes: float,
         element_bytes: int = 4,
-        entry_bytes: int = 8,
+        entry_bytes: int | None = None,
     ) -> ChunkMemory:
         """A chunk's temporaries: :data:`CHUNK_TEMPORARIES` rows of the widest local shard
         (``widest_cols`` of the features', hidden or classes' columns on this rank) per
-        output row, plus the copy of its CSR rows' entries (``entry_bytes`` each: index and
-        value); set aside: ``reserved_bytes`` of whole-graph matrices (a layer's input and
-        output, :func:`buffer_peak`).
+        output row, plus what its CSR rows' entries take while their CSR is built
+        (``entry_bytes`` each; by default :func:`csr_copy_entry_bytes` of int32 indices and
+        float32 values); set aside: ``reserved_bytes`` of whole-graph matrices (a layer's
+        input and output, :func:`buffer_peak`, and the ids of every vertex).
 
         >>> ChunkMemory.of(widest_cols=128, entries_per_row=10.0, reserved_bytes=1024000)
-        ChunkMemory(row_bytes=4176.0, reserved_bytes=1024000)
+        ChunkMemory(row_bytes=4296.0, reserved_bytes=1024000)
         """
+        if entry_bytes is None:
+            entry_bytes = csr_copy_entry_bytes()
         row_bytes = CHUNK_TEMPORARIES * widest_cols * element_bytes + entries_per_row * entry_bytes
         return cls(row_bytes, reserved_bytes)
 
@@ -327,8 +356,8 @@ class CSRRows(RowSumsByProduct):
     column indices and their values :math:`r_i c_j` (the block keeps no values:
     :meth:`~dgl_scalegnn.sampling.blocks.CSRBlock.values_at`), in fresh allocations. Views
     into the block at the rows' entry offset would hand cuSPARSE arrays at arbitrary
-    offsets, aligned to 4 bytes only; the copies are the rows' size (8 bytes an entry) and
-    live for one product.
+    offsets, aligned to 4 bytes only; the copies live for one product, and while they are
+    made the rows hold :func:`csr_copy_entry_bytes` an entry (20 with int32 indices).
 
     ``entries``: the rows' entry range ``[indptr[start], indptr[stop])`` when the caller
     has read it (:func:`csr_row_chunks` reads every chunk's at once); otherwise it is

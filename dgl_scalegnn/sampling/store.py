@@ -277,10 +277,12 @@ class RankStore:
         )
 
     def full_graph(self) -> FullGraph:
-        """The whole graph for evaluation: views of the resident share, nothing copied."""
-        everything = torch.arange(self.num_nodes)  # offsets found on the host
+        """The whole graph for evaluation: views of the resident share, nothing copied; the
+        ids of every vertex are made on the device (their split is found from the range on
+        the host), never copied to it."""
+        everything = ((0, self.num_nodes),)
         return FullGraph(
-            rows=RowPartition.of(everything, self.num_nodes, self.grid.shape, self.device),
+            rows=RowPartition.of_ranges(everything, self.num_nodes, self.grid.shape, self.device),
             blocks=self.blocks,
             features=self.features,
             labels=self.labels,

@@ -32,7 +32,7 @@ from dgl_scalegnn.data.graph import DatasetError, label_notes
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
 from dgl_scalegnn.model.full_graph import (
-    full_graph_chunk_rows,
+    agreed_chunk_rows,
     full_graph_counts,
     full_graph_memory,
 )
@@ -364,10 +364,11 @@ class Trainer:
         and return it (also :attr:`evaluation`).
 
         A layer-wise evaluation's whole-graph matrices and one chunk's temporaries
-        (:func:`~dgl_scalegnn.model.full_graph.full_graph_memory`) are compared with the
-        memory each rank has (a GPU's free memory, or the host's shared by its
-        ``local_ranks`` ranks). Every rank compares the same figures (the most any rank
-        needs, the least any has: two all-reduces), so all choose alike. Where it does
+        (:func:`~dgl_scalegnn.model.full_graph.full_graph_memory`, in the chunk rows every
+        rank agrees on: :func:`~dgl_scalegnn.model.full_graph.agreed_chunk_rows`) are
+        compared with the memory each rank has (a GPU's free memory, or the host's shared
+        by its ``local_ranks`` ranks). Every rank compares the same figures (the most any
+        rank needs, the least any has: two all-reduces), so all choose alike. Where it does
         not fit, ``auto`` evaluates in neighbourhoods
         (:mod:`~dgl_scalegnn.model.neighbourhood`), said with the figures.
 
@@ -383,7 +384,7 @@ class Trainer:
             return asked
         graph = self.store.full_graph()
         memory = full_graph_memory(self.model, graph)
-        chunk_rows = full_graph_chunk_rows(self.model, graph, memory)
+        chunk_rows = agreed_chunk_rows(self.model, graph, memory)
         need = memory.reserved_bytes + chunk_rows * memory.row_bytes
         most = reduce_over_world(
             torch.tensor([float(need)], dtype=torch.float64, device=self.device), dist.ReduceOp.MAX
