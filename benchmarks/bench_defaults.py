@@ -20,23 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
-import torch
 
 from benchmarks import ours, real_graphs
 from benchmarks.common import RESULTS, write_results
-from dgl_scalegnn.data.features import column_moments, scale_features
-from dgl_scalegnn.data.graph import NodeDataset
+from benchmarks.harness import one_core_pool
 
-__all__ = ["RECIPE", "SETTINGS", "scaled", "train_one", "score", "main"]
+__all__ = ["RECIPE", "SETTINGS", "train_one", "score", "main"]
 
 #: DGL's standard GCN recipe through the engine (the settings every other one changes).
 RECIPE: dict[str, Any] = {
@@ -95,27 +90,10 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-def scaled(dataset: NodeDataset, norm: str) -> NodeDataset:
-    """``dataset`` with its features scaled by ``norm`` (as ``data.feature_norm`` does)."""
-    graph = dataset.graph.clone()
-    features = graph.ndata["feat"].numpy()
-    moments = column_moments([features]) if norm == "standardize" else None
-    graph.ndata["feat"] = torch.from_numpy(scale_features(features, norm, moments))
-    return NodeDataset(dataset.name, graph, dataset.num_classes)
-
-
-def _pin_to_one_core() -> None:
-    """Each worker of the pool on its own core (``machine_cores()`` then says 1)."""
-    cores = sorted(os.sched_getaffinity(0))
-    identity = multiprocessing.current_process()._identity
-    index = (identity[0] - 1) if identity else 0
-    os.sched_setaffinity(0, {cores[index % len(cores)]})
-
-
 def train_one(graph: str, settings: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """One full-batch run of dgl_scalegnn on ``graph`` with ``settings`` over :data:`RECIPE`."""
     merged = {**RECIPE, **settings}
-    dataset = scaled(real_graphs.load(graph), merged.pop("feature_norm"))
+    dataset = real_graphs.scaled(real_graphs.load(graph), merged.pop("feature_norm"))
     merged["batch_size"] = dataset.num_nodes
     start = time.perf_counter()
     result = ours.PEER.train(dataset, merged, seed, max_epochs=merged["epochs"])
@@ -213,9 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds
         if (name, graph, seed) not in done
     ]
-    pool = ProcessPoolExecutor(
-        args.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_pin_to_one_core
-    )
+    pool = one_core_pool(args.workers)
     try:
         futures = {job: pool.submit(train_one, job[1], SETTINGS[job[0]], job[2]) for job in jobs}
         with log.open("a" if args.resume else "w") as handle:

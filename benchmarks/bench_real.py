@@ -34,24 +34,22 @@ import argparse
 import contextlib
 import io
 import json
-import multiprocessing
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 import yaml
 from benchmarks import real_graphs
 from benchmarks.baselines import dgl_recipes, graphsaint, training
-from benchmarks.bench_defaults import scaled
 from benchmarks.common import RESULTS, write_results
+from benchmarks.harness import one_core_pool
 from dgl_scalegnn.config import config_from_mapping
 
 __all__ = ["PAPER_MODEL", "METHODS", "saint_grid", "main"]
@@ -88,15 +86,6 @@ def saint_grid(num_nodes: int) -> list[dict[str, Any]]:
     ]
 
 
-def _worker_init() -> None:
-    """Each worker on its own core, from the last one down, one torch thread."""
-    cores = sorted(os.sched_getaffinity(0), reverse=True)
-    identity = multiprocessing.current_process()._identity
-    os.sched_setaffinity(0, {cores[((identity[0] - 1) if identity else 0) % len(cores)]})
-    torch.set_num_threads(1)
-    os.environ.setdefault("SCALEGNN_CACHE_DIR", tempfile.mkdtemp(prefix="scalegnn-cache-"))
-
-
 def _ours(path: str, seed: int, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """``scalegnn train --data path`` (plus ``extra`` sections) with seed ``seed``."""
     from dgl_scalegnn.train.run import run_training
@@ -125,7 +114,7 @@ def _peer(
 ) -> dict[str, Any]:
     dataset = real_graphs.load(graph)
     if norm is not None:
-        dataset = scaled(dataset, norm)
+        dataset = real_graphs.scaled(dataset, norm)
     result = method.train(dataset, settings, seed, max_epochs=200)
     return {
         "val": result["best_val_acc"],
@@ -166,11 +155,6 @@ def _read_log(log: Path) -> dict[tuple[str, str, int], dict[str, Any]]:
     return runs
 
 
-def _stats(values: Sequence[float]) -> dict[str, float]:
-    array = np.asarray(values, dtype=np.float64)
-    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if array.size > 1 else 0.0}
-
-
 def _summarise(runs: Mapping[tuple[str, str, int], dict[str, Any]]) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     for (graph, method, _), result in sorted(runs.items()):
@@ -179,7 +163,10 @@ def _summarise(runs: Mapping[tuple[str, str, int], dict[str, Any]]) -> dict[str,
         graph: {
             method: {
                 "seeds": len(results),
-                **{key: _stats([r[key] for r in results]) for key in ("val", "test", "train_s")},
+                **{
+                    key: training.mean_std([r[key] for r in results])
+                    for key in ("val", "test", "train_s")
+                },
             }
             for method, results in methods.items()
         }
@@ -263,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     log = RESULTS / f"{args.name}.jsonl.tmp"
     runs = _read_log(log) if args.resume else {}
-    pool = ProcessPoolExecutor(
-        args.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init
-    )
+    os.environ.setdefault("SCALEGNN_CACHE_DIR", tempfile.mkdtemp(prefix="scalegnn-cache-"))
+    pool = one_core_pool(args.workers)
     saint: dict[str, dict[str, Any]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="bench-real-") as work,
@@ -340,10 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     summary = _summarise(chosen)
     minutes = (time.perf_counter() - start) / 60
-    training = sum(result["train_s"] for result in runs.values()) / 60
+    training_minutes = sum(result["train_s"] for result in runs.values()) / 60
     took = (
-        f"{len(runs)} runs (GraphSAINT's sweep included), {training:.1f} minutes of training "
-        f"in all, one core each; this invocation: {minutes:.1f} minutes on 2 cores"
+        f"{len(runs)} runs (GraphSAINT's sweep included), {training_minutes:.1f} minutes of "
+        f"training in all, one core each; this invocation: {minutes:.1f} minutes on 2 cores"
         + (", resuming a log of earlier runs." if args.resume else ".")
     )
     write_results(
@@ -354,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             "graphsaint": saint,
             "paper_model": PAPER_MODEL,
             "minutes": minutes,
-            "training_minutes": training,
+            "training_minutes": training_minutes,
             "runs": len(runs),
         },
     )

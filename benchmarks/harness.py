@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +216,22 @@ def host_available_mb() -> float:
     from dgl_scalegnn.train.defaults import available_bytes
 
     return available_bytes("cpu") / 2**20
+
+
+def one_core_pool(workers: int) -> ProcessPoolExecutor:
+    """``workers`` spawned processes, each on a core of its own (from the last one down)
+    with one torch thread: small runs that go two at a time on 2 cores."""
+    context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(workers, mp_context=context, initializer=_on_one_core)
+
+
+def _on_one_core() -> None:
+    import torch
+
+    cores = sorted(os.sched_getaffinity(0), reverse=True)
+    identity = multiprocessing.current_process()._identity
+    os.sched_setaffinity(0, {cores[((identity[0] - 1) if identity else 0) % len(cores)]})
+    torch.set_num_threads(1)
 
 
 @contextlib.contextmanager

@@ -175,19 +175,13 @@ def peer_main(spec_path: str) -> int:
 
     spec = json.loads(Path(spec_path).read_text())
     dataset = load_saved(spec["graph"], spec["name"], int(spec["num_classes"]))
-    peer = _PEERS[spec["method"]]
-    settings = training.merge_settings(peer.defaults, spec["settings"], peer.name)
-    seed = int(spec["seed"])
-    training.seed_everything(seed)
-    start = time.perf_counter()
+    peer, seed = _PEERS[spec["method"]], int(spec["seed"])
+    options = {}
     if peer is graphsaint.PEER:  # runs at one budget share the pre-sampled normalisation
-        name = f"saint-norm-b{settings['budget']}-c{settings['norm_coverage']}-s{seed}.pt"
-        baseline = graphsaint.GraphSAINTBaseline(
-            dataset, settings, norm_cache=Path(spec["graph"]).parent / name
-        )
-    else:
-        baseline = peer.factory(dataset, settings)
-    setup_s = time.perf_counter() - start
+        chosen = training.merge_settings(peer.defaults, spec["settings"], peer.name)
+        name = f"saint-norm-b{chosen['budget']}-c{chosen['norm_coverage']}-s{seed}.pt"
+        options["norm_cache"] = Path(spec["graph"]).parent / name
+    baseline, settings, setup_s = peer.build(dataset, spec["settings"], seed, **options)
     training.seed_everything(seed)  # training draws the same with or without the cache
     steps_per_epoch = getattr(baseline, "steps_per_epoch", None) or len(baseline.loader)
     result = training.run_for_seconds(

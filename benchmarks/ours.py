@@ -41,7 +41,7 @@ class ScaleGNNPeer:
     """The trainer of this project behind ``train_epoch`` / ``evaluate``."""
 
     def __init__(self, dataset: NodeDataset, settings: Mapping[str, Any]) -> None:
-        # training.train_baseline seeded torch with the run's seed just before this.
+        # training.Method.build seeded torch with the run's seed just before this.
         seed = torch.initial_seed()
         model_keys = [field.name for field in dataclasses.fields(ModelConfig)]
         cfg = config_from_mapping(

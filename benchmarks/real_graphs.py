@@ -36,9 +36,10 @@ import torch
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import DataConfig
 from dgl_scalegnn.data.datasets import load_dataset
+from dgl_scalegnn.data.features import column_moments, scale_features
 from dgl_scalegnn.data.graph import NodeDataset
 
-__all__ = ["REAL", "RealGraph", "GRAPHS", "load_graph", "load", "save", "main"]
+__all__ = ["REAL", "RealGraph", "GRAPHS", "load_graph", "load", "scaled", "save", "main"]
 
 #: Where the committed ``.npz`` files are.
 REAL = Path(__file__).resolve().parent / "data" / "real"
@@ -109,6 +110,15 @@ def load(name: str) -> NodeDataset:
     """The committed graph ``name`` as a :class:`NodeDataset` (what the peers train on)."""
     graph, num_classes = load_graph(name)
     return NodeDataset(name=name, graph=graph, num_classes=num_classes)
+
+
+def scaled(dataset: NodeDataset, norm: str) -> NodeDataset:
+    """``dataset`` with its features scaled by ``norm`` (as ``data.feature_norm`` does)."""
+    graph = dataset.graph.clone()
+    features = graph.ndata["feat"].numpy()
+    moments = column_moments([features]) if norm == "standardize" else None
+    graph.ndata["feat"] = torch.from_numpy(scale_features(features, norm, moments))
+    return NodeDataset(dataset.name, graph, dataset.num_classes)
 
 
 def save(name: str, path: str | os.PathLike[str]) -> Path:

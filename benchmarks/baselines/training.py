@@ -3,7 +3,7 @@
 Every baseline is an object with ``train_epoch()`` and ``evaluate() -> (val_acc,
 test_acc)`` (the :class:`Baseline` protocol; :class:`MiniBatchBaseline` implements it
 for Adam and cross-entropy). :func:`run_epochs` drives it and keeps the books in the
-common result format (:func:`train_baseline` seeds, builds and runs a baseline;
+common result format (:meth:`Method.train` seeds, builds and runs a baseline;
 :func:`sweep` tries a grid of settings):
 
 ``history``
@@ -54,7 +54,6 @@ __all__ = [
     "run_for_seconds",
     "summarise",
     "mean_std",
-    "train_baseline",
     "sweep",
     "Method",
 ]
@@ -157,6 +156,12 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     value = fn()
     return value, time.perf_counter() - start
+
+
+def _evaluated(baseline: Baseline, **record: Any) -> dict[str, Any]:
+    """``record`` with an evaluation of ``baseline``: its accuracies and seconds."""
+    (val_acc, test_acc), eval_s = _timed(baseline.evaluate)
+    return {**record, "val_acc": float(val_acc), "test_acc": float(test_acc), "eval_s": eval_s}
 
 
 class MiniBatchBaseline(ABC):
@@ -282,16 +287,7 @@ def run_epochs(
         train_s += seconds
         if epoch % eval_every and epoch != max_epochs:
             continue
-        (val_acc, test_acc), eval_s = _timed(baseline.evaluate)
-        history.append(
-            {
-                "epoch": epoch,
-                "train_s": train_s,
-                "val_acc": float(val_acc),
-                "test_acc": float(test_acc),
-                "eval_s": eval_s,
-            }
-        )
+        history.append(_evaluated(baseline, epoch=epoch, train_s=train_s))
         if stop_at_target and first_at_target(history[-1:], target_acc):
             break
     return summarise(history, target_acc)
@@ -367,48 +363,11 @@ def run_for_seconds(
             continue
         while pending and pending[0] <= train_s:
             pending.pop(0)
-        (val_acc, test_acc), eval_s = _timed(baseline.evaluate)
         history.append(
-            {
-                "step": step,
-                "epoch": step / steps_per_epoch,
-                "train_s": train_s,
-                "val_acc": float(val_acc),
-                "test_acc": float(test_acc),
-                "eval_s": eval_s,
-            }
+            _evaluated(baseline, step=step, epoch=step / steps_per_epoch, train_s=train_s)
         )
         if done:
             return summarise(history, None)
-
-
-def train_baseline(
-    factory: Callable[[NodeDataset, dict[str, Any]], Baseline],
-    defaults: Mapping[str, Any],
-    method: str,
-    dataset: NodeDataset,
-    settings: Mapping[str, Any] | None,
-    seed: int,
-    target_acc: float | None,
-    max_epochs: int,
-    eval_every: int,
-    stop_at_target: bool = False,
-) -> dict[str, Any]:
-    """Seed, build the baseline (timed as ``setup_s``) and :func:`run_epochs` it.
-
-    Returns
-    -------
-    dict
-        The result format of the module docstring plus ``method``, ``settings`` (the
-        merged settings), ``seed`` and ``setup_s`` (building the model, sampler and, for
-        GraphSAINT, the normalisation; not part of ``train_s``).
-    """
-    require_single_label(dataset, method)
-    merged = merge_settings(defaults, settings, method)
-    seed_everything(seed)
-    baseline, setup_s = _timed(lambda: factory(dataset, merged))
-    result = run_epochs(baseline, target_acc, max_epochs, eval_every, stop_at_target)
-    return {**result, "method": method, "settings": merged, "seed": seed, "setup_s": setup_s}
 
 
 def summarise(history: list[dict[str, Any]], target_acc: float | None) -> dict[str, Any]:
@@ -511,6 +470,19 @@ class Method:
     factory: Callable[[NodeDataset, dict[str, Any]], Baseline]
     defaults: Mapping[str, Any]
 
+    def build(
+        self, dataset: NodeDataset, settings: Mapping[str, Any] | None, seed: int, **options: Any
+    ) -> tuple[Baseline, dict[str, Any], float]:
+        """Seed with ``seed`` and build the baseline of ``settings`` over :attr:`defaults`
+        (unknown keys refused; ``options`` to its factory): the baseline, the merged
+        settings and ``setup_s`` (building the model, sampler and, for GraphSAINT, the
+        normalisation; not part of ``train_s``)."""
+        require_single_label(dataset, self.name)
+        merged = merge_settings(self.defaults, settings, self.name)
+        seed_everything(seed)
+        baseline, setup_s = _timed(lambda: self.factory(dataset, merged, **options))
+        return baseline, merged, setup_s
+
     def train(
         self,
         dataset: NodeDataset,
@@ -522,21 +494,13 @@ class Method:
         *,
         stop_at_target: bool = False,
     ) -> dict[str, Any]:
-        """:func:`train_baseline` with ``settings`` over :attr:`defaults` (unknown keys
-        refused); ``target_acc`` is the validation accuracy defining
-        ``time_to_target_s``."""
-        return train_baseline(
-            self.factory,
-            self.defaults,
-            self.name,
-            dataset,
-            settings,
-            seed,
-            target_acc,
-            max_epochs,
-            eval_every,
-            stop_at_target,
-        )
+        """:meth:`build` the baseline and :func:`run_epochs` it; ``target_acc`` is the
+        validation accuracy defining ``time_to_target_s``. Returns the result format of
+        the module docstring plus ``method``, ``settings`` (merged), ``seed`` and
+        ``setup_s``."""
+        baseline, merged, setup_s = self.build(dataset, settings, seed)
+        result = run_epochs(baseline, target_acc, max_epochs, eval_every, stop_at_target)
+        return {**result, "method": self.name, "settings": merged, "seed": seed, "setup_s": setup_s}
 
     def sweep(
         self,
