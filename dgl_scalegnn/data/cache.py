@@ -12,22 +12,22 @@ directory moved into its place (even a sound prepared graph with its own records
 not taken for it.
 
 In a job of several processes, the first process of each node (local rank 0) takes a
-lock (``<name>-<key>.lock``, ``flock``), removes the staging directories that a killed
-preparation of the same key left (while the lock is held, nothing else writes them),
-reuses the directory if ``cache.json`` matches, the SHA-256 kept beside the lock
-match, and the files open with the sizes ``meta.json`` records, and otherwise
-prepares it (:func:`~dgl_scalegnn.data.streaming.prepare_streaming`, into a
-temporary sibling renamed into place) and says why. It then posts the path in the
-rendezvous store; the other processes of its node poll for it, their watchdogs running,
-so a failure while preparing stops every rank with its message. Every rank then
-memory-maps the directory and reads its share, checking the chunk checksums of what it
-reads. With a cache directory shared by several nodes, their first processes take
-turns through the lock and only the first one prepares.
+lock (``<name>-<key>.lock``, a :class:`~dgl_scalegnn.data.locks.FileLock`), removes the
+staging directories that a killed preparation of the same key left (while the lock is
+held, nothing else writes them), reuses the directory if ``cache.json`` matches, the
+SHA-256 kept beside the lock match, and the files open with the sizes ``meta.json``
+records, and otherwise prepares it
+(:func:`~dgl_scalegnn.data.streaming.prepare_streaming`, into a temporary sibling
+renamed into place) and says why. It then posts the path in the rendezvous store; the
+other processes of its node poll for it, their watchdogs running, so a failure while
+preparing stops every rank with its message. Every rank then memory-maps the directory
+and reads its share, checking the chunk checksums of what it reads. With a cache
+directory shared by several nodes, their first processes take turns through the lock and
+only the first one prepares.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -35,8 +35,6 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -44,6 +42,7 @@ import dgl_scalegnn
 from dgl_scalegnn.config import DataConfig, default_cache_dir
 from dgl_scalegnn.data.datasets import load_source, source_files
 from dgl_scalegnn.data.graph import DatasetError
+from dgl_scalegnn.data.locks import FileLock
 from dgl_scalegnn.data.prepared import FORMAT_VERSION, open_prepared
 from dgl_scalegnn.data.streaming import DEFAULT_MEMORY_GB, MemoryBudget, prepare_streaming
 
@@ -163,17 +162,6 @@ def cache_problem(directory: Path, cfg: DataConfig) -> str | None:
     return None
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (released by the kernel if this process dies)."""
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _say(message: str) -> None:
     print(f"scalegnn: {message}", file=sys.stderr, flush=True)
 
@@ -196,7 +184,7 @@ def prepare_cached(cfg: DataConfig, budget: MemoryBudget | None = None) -> Path:
             "SCALEGNN_CACHE_DIR to a writable directory, or prepare the dataset with "
             "`scalegnn prepare` and set data.prepared"
         ) from error
-    with _locked(lock):
+    with FileLock(lock, mode=0o600):
         _remove_staging(directory)
         problem = cache_problem(directory, cfg)
         if problem is None:
