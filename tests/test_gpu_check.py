@@ -6,6 +6,12 @@
 - Every check runs on the CPU device where that makes sense (the CPU against itself,
   small sizes): the report they make has exactly the fields ``docs/gpu-check.md``
   shows; a fused tail that never compiles fails its check, quoting the compiler error.
+- The report is written whatever fails: with DGL's import broken it says so as a failed
+  fact, the others found; the documented import check imports DGL.
+- TF32: the comparisons switch it off through torch's ``fp32_precision`` settings alone
+  (the legacy ``allow_tf32`` raises once they are set), NCCL against gloo included (a
+  stand-in torchrun whose NCCL products round as TF32 does); the large run keeps the
+  run's setting. The torchrun is this interpreter's, never another on the PATH.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import subprocess
 import sys
 
 import pytest
+import tomllib
 import torch
 
 import yaml
@@ -25,6 +32,8 @@ from tests.helpers import ROOT
 
 #: The large run's preset shrunk for the CPU (its generator settings kept).
 SMALL_PRESET_NODES = 3000
+#: What the report says of each fact of its environment.
+FACT_FIELDS = {"status", "value", "error"}
 
 
 def _make_gpu_check(tmp_path, *variables: str, env: dict[str, str] | None = None):
@@ -50,6 +59,8 @@ def _same_fields(report: dict, documented: dict) -> None:
     every check that ran."""
     assert report.keys() == documented.keys()
     assert report["environment"].keys() == documented["environment"].keys()
+    for name, fact in report["environment"].items():
+        assert fact.keys() == documented["environment"][name].keys() == FACT_FIELDS, name
     assert report["checks"].keys() == documented["checks"].keys() == gpu_check.CHECKS.keys()
     for name, entry in report["checks"].items():
         assert entry.keys() - {"traceback"} == documented["checks"][name].keys(), name
@@ -76,7 +87,7 @@ def test_no_gpu_expected_writes_a_skipped_report(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith(f"{sys.executable} -m dgl_scalegnn.train.gpu_check")
     assert report["status"] == "skipped" and report["gpu_expected"] is False
-    assert report["environment"]["torch"] == torch.__version__
+    assert report["environment"]["torch"]["value"] == torch.__version__
     _same_fields(report, _documented_report())
 
 
@@ -143,3 +154,185 @@ def test_the_checks_run_on_the_cpu(cpu_report):
     assert {"spmm", "gemm"} <= large["breakdown_s"].keys()
     assert "this machine has 1" in checks["torchrun_grid"]["reason"]
     assert "CUDA only" in checks["host_syncs"]["reason"]
+
+
+# ------------------------------------------------- a report whatever fails
+
+
+#: A DGL whose import fails as it does where scipy is missing.
+_BROKEN_DGL = 'raise ModuleNotFoundError("No module named \'scipy\'", name="scipy")\n'
+
+
+def _broken_dgl_path(tmp_path) -> str:
+    """A ``PYTHONPATH`` whose ``dgl`` shadows the installed one and fails to import."""
+    (tmp_path / "shadow" / "dgl").mkdir(parents=True)
+    (tmp_path / "shadow" / "dgl" / "__init__.py").write_text(_BROKEN_DGL)
+    return str(tmp_path / "shadow")
+
+
+def test_a_report_is_written_when_dgl_does_not_import(tmp_path):
+    report_path = tmp_path / "report.json"
+    argv = [sys.executable, "-m", "dgl_scalegnn.train.gpu_check", "--no-gpu-expected"]
+    result = subprocess.run(
+        [*argv, "--out", str(report_path)],
+        cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": _broken_dgl_path(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == gpu_check.FAILED, result.stdout + result.stderr
+    report = json.loads(report_path.read_text())
+    facts = report["environment"]
+    said = "ModuleNotFoundError: No module named 'scipy'"
+    assert facts["dgl"] == {"status": "failed", "value": None, "error": said}
+    assert {name for name, fact in facts.items() if fact["status"] != "found"} == {"dgl"}
+    assert facts["torch"]["value"] == torch.__version__
+    assert report["status"] == "failed" and f"environment dgl ({said})" in report["reason"]
+    assert report["reason"] in result.stdout
+    assert {e["status"] for e in report["checks"].values()} == {"skipped"}
+    _same_fields(report, _documented_report())
+
+
+def _documented_import_check() -> list[str]:
+    """The command docs/gpu-check.md gives to check the imports, run by this interpreter."""
+    text = (ROOT / "docs" / "gpu-check.md").read_text()
+    (command,) = re.findall(r'^\.venv/bin/python -c "(.*gpu_check.*)"$', text, re.M)
+    return [sys.executable, "-c", command]
+
+
+def test_the_documented_import_check_imports_dgl(tmp_path):
+    """It names what is missing where DGL's import fails, and passes where it works."""
+    env = {**os.environ, "PYTHONPATH": _broken_dgl_path(tmp_path)}
+    check = _documented_import_check()
+    broken = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120)
+    assert broken.returncode != 0 and "No module named 'scipy'" in broken.stderr
+    fine = subprocess.run(check, capture_output=True, text=True, timeout=120)
+    assert fine.returncode == 0, fine.stderr
+    assert "dgl 2.1.0" in fine.stdout
+
+
+# ------------------------------------------------------------------- TF32
+
+
+@pytest.fixture
+def precision():
+    """cuBLAS's and cuDNN's float32 precision as a CUDA run leaves them (``use_tf32``:
+    TF32), restored after."""
+    settings = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    saved = [setting.fp32_precision for setting in settings]
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    yield settings
+    for setting, value in zip(settings, saved):
+        setting.fp32_precision = value
+
+
+def test_the_comparisons_switch_tf32_off_with_the_fp32_precision_settings(precision):
+    matmul, cudnn = precision
+    before = cudnn.fp32_precision
+    with gpu_check._exact_float32():
+        assert (matmul.fp32_precision, cudnn.fp32_precision) == ("ieee", "ieee")
+    assert (matmul.fp32_precision, cudnn.fp32_precision) == ("tf32", before)
+
+
+def test_the_large_run_times_with_the_runs_tf32(precision, monkeypatch):
+    """``parallel.tf32: auto`` as a CUDA run takes it (``use_tf32`` stands in for CUDA's
+    on the CPU): TF32 during the steps, and the precision as it was after."""
+    matmul, _ = precision
+    matmul.fp32_precision = "ieee"
+    asked, during = [], []
+
+    def use_tf32(setting, device):
+        asked.append(setting)
+        matmul.fp32_precision = "tf32"
+        return True
+
+    train_step = gpu_check.Trainer.train_step
+
+    def noted_step(trainer, *args, **kwargs):
+        during.append(matmul.fp32_precision)
+        return train_step(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(gpu_check, "use_tf32", use_tf32)
+    monkeypatch.setattr(gpu_check.Trainer, "train_step", noted_step)
+    preset = yaml.safe_load((ROOT / gpu_check.LARGE_CONFIG).read_text())
+    preset["data"]["synthetic"]["num_nodes"] = 600
+    preset["sampling"]["batch_size"] = 200
+    outcome = gpu_check.large_run(torch.device("cpu"), preset, steps=2)
+    assert outcome.problems == [] and outcome.figures["tf32"] is True
+    assert asked == [preset.get("parallel", {}).get("tf32", "auto")]
+    assert during == ["tf32", "tf32"]
+    assert matmul.fp32_precision == "ieee"
+
+
+# A stand-in torchrun: the run's losses as a correct machine gives them, NCCL's products
+# in TF32 (about 1e-3 relative) where parallel.tf32 is on for CUDA.
+_STAND_IN_TORCHRUN = """#!{python}
+import json, sys
+from dgl_scalegnn.config import load_config, switch_on
+args = sys.argv[1:]
+sets = [args[i + 1] for i, arg in enumerate(args) if arg == "--set"]
+cfg = load_config(args[args.index("--config") + 1], sets)
+backend = cfg.parallel.backend
+rounded = backend == "nccl" and switch_on(cfg.parallel.tf32, "cuda")
+with open(args[args.index("--metrics") + 1], "w") as metrics:
+    print(json.dumps({{"event": "config", "backend": backend}}), file=metrics)
+    for step, loss in enumerate([1.9, 1.7, 1.6]):
+        loss *= 1 + 1e-3 * rounded
+        print(json.dumps({{"event": "step", "step": step, "loss": loss}}), file=metrics)
+"""
+
+
+def test_nccl_is_compared_with_gloo_with_exact_products(tmp_path, monkeypatch):
+    torchrun = tmp_path / "torchrun"
+    torchrun.write_text(_STAND_IN_TORCHRUN.format(python=sys.executable))
+    torchrun.chmod(0o755)
+    monkeypatch.setattr(gpu_check, "_torchrun", lambda directory: torchrun)
+    outcome = gpu_check.torchrun_grid(2)
+    assert outcome.figures["grid"] == "1x2x1x1"
+    assert outcome.figures["backends"] == ["nccl", "gloo"]
+    assert outcome.problems == [], outcome.problems
+    assert outcome.figures["max_relative_difference"] == 0.0
+
+
+def test_the_torchrun_is_this_interpreters_never_one_on_the_path(tmp_path, monkeypatch):
+    """An interpreter without torchrun beside it (``pip install --user``, a system
+    Python), and another one's torchrun on the PATH: the launch runs this one's."""
+    (tmp_path / "bin").mkdir()
+    python = tmp_path / "bin" / "python3"  # this interpreter, no torchrun beside it
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    decoy = tmp_path / "elsewhere"
+    decoy.mkdir()
+    (decoy / "torchrun").write_text(f"#!/bin/sh\ntouch {tmp_path}/decoy-ran\n")
+    (decoy / "torchrun").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    monkeypatch.setenv("PATH", f"{decoy}{os.pathsep}{os.environ['PATH']}")
+    torchrun = gpu_check._torchrun(tmp_path)
+    said = subprocess.run([str(torchrun), "--help"], capture_output=True, text=True, timeout=120)
+    assert said.returncode == 0, said.stderr
+    assert "--nproc-per-node" in said.stdout and "torchrun" in said.stdout
+    assert not (tmp_path / "decoy-ran").exists()
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_offline_wheel_set_is_the_projects_at_its_pins():
+    """docs/gpu-check.md's download: every dependency of the project but torch at the
+    version it pins, and one wheel file fetched for each pin."""
+    text = (ROOT / "docs" / "gpu-check.md").read_text()
+    command = re.search(r"python3 -m pip download (.*?)\n```", text, re.S).group(1)
+    pins = dict(pin.split("==") for pin in re.findall(r"\S+==\S+", command))
+    pins = {_canonical(name): version for name, version in pins.items()}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    required = dict(dep.split("==") for dep in project if not dep.startswith("torch=="))
+    for name, version in required.items():
+        assert pins.get(_canonical(name)) == version, name
+    listing = re.search(r"The files it fetched:\n\n```\n(.*?)```", text, re.S).group(1)
+    fetched = {}
+    for file in listing.split():
+        name, version = file.split("-")[:2]
+        fetched[_canonical(name)] = version
+    assert fetched == pins

@@ -17,25 +17,40 @@ On disk a prepared directory holds one ``.npy`` file per array and ``meta.json``
 (format version, sizes, dtypes, shapes, byte counts and SHA-256 checksums). Arrays are
 opened memory-mapped, so a rank reads only its row ranges and one directory serves
 every grid shape.
+
+Writing one never removes what a preparation did not write. The target must be absent,
+empty, or a prepared directory holding only the files a preparation writes
+(:func:`check_target`); the new one is written into a hidden sibling and swapped in
+whole (:func:`install_directory`), so a failure at any point leaves the old one as it
+was. Preparations into one target take turns through a lock beside it
+(:func:`locked_target`), and a file system that refuses the writes (full, read-only,
+not this user's) is a :class:`~dgl_scalegnn.config.ResourceError` in one line
+(:func:`writing_into`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dgl_scalegnn.config import ResourceError
 from dgl_scalegnn.data.graph import DatasetError, NodeDataset
+from dgl_scalegnn.data.locks import FileLock, Holder
 from dgl_scalegnn.data.normalize import gcn_normalize
 from dgl_scalegnn.data.source import source_from_dataset
 from dgl_scalegnn.data.tiles import TiledAdjacency, tile_adjacency
@@ -48,6 +63,12 @@ __all__ = [
     "prepare_in_memory",
     "write_prepared",
     "array_entry",
+    "PrepareTargetError",
+    "NOT_WRITABLE_ERRNOS",
+    "target_path",
+    "check_target",
+    "locked_target",
+    "writing_into",
     "new_staging_directory",
     "install_directory",
     "open_prepared",
@@ -69,6 +90,24 @@ VERTEX_ARRAYS = (
     "permutation",
 )
 ARRAY_NAMES = ADJACENCY_ARRAYS + VERTEX_ARRAYS
+#: Every name a prepared directory may hold (``cache.json``: the cache's record of it).
+_WRITTEN_NAMES = frozenset({"meta.json", "cache.json", *(f"{name}.npy" for name in ARRAY_NAMES)})
+#: Write errors that mean the file system will not take the files: full, over quota,
+#: read-only, or not this user's to write.
+NOT_WRITABLE_ERRNOS = (
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EFBIG,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+)
+#: NumPy's message for a write the file system took only part of.
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+class PrepareTargetError(DatasetError):
+    """A target directory of a preparation that holds what no preparation writes."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +274,95 @@ def array_entry(path: Path) -> dict:
     return {"file": path.name, "dtype": dtype, "shape": shape, **_digests(path)}
 
 
+def target_path(directory: str | os.PathLike[str]) -> Path:
+    """The directory a preparation into ``directory`` writes: the one a symbolic link
+    there points to (it is replaced, the link kept), else ``directory`` itself."""
+    path = Path(directory)
+    return path.resolve() if path.is_symlink() else path
+
+
+def check_target(target: Path) -> None:
+    """Refuse ``target`` unless it is absent, an empty directory, or a prepared directory
+    holding only what a preparation writes (which may then be replaced).
+
+    Raises
+    ------
+    PrepareTargetError
+        If ``target`` is a file, or a directory holding anything else.
+    """
+    if not target.exists():
+        return
+    keep = "give a new or empty directory (nothing in this one is removed)"
+    if not target.is_dir():
+        raise PrepareTargetError(f"{target}: a file, not a directory to prepare into; {keep}")
+    names = sorted(path.name for path in target.iterdir())
+    foreign = [name for name in names if name not in _WRITTEN_NAMES]
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise PrepareTargetError(
+            f"{target}: holds {foreign[0]!r}{more}, which no preparation writes: it is not a "
+            f"prepared directory to replace; {keep}"
+        )
+    if names and not _written_meta(target / "meta.json"):
+        raise PrepareTargetError(
+            f"{target}: holds {names[0]!r} but no meta.json of a prepared graph: it is not a "
+            f"prepared directory to replace; {keep}"
+        )
+
+
+def _written_meta(path: Path) -> bool:
+    """Whether ``path`` is the ``meta.json`` of a prepared directory (of any version)."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(meta, dict) and "format_version" in meta and "files" in meta
+
+
+@contextmanager
+def locked_target(target: Path) -> Iterator[None]:
+    """Hold the lock of the preparations into ``target`` (``.NAME-prepare.lock`` beside
+    it, apart from the staging directories ``.NAME.*``): a second preparation of the
+    same target waits for the first, saying for whom."""
+
+    def say_waiting(holder: Holder | None) -> None:
+        who = f" ({holder.describe()})" if holder is not None else ""
+        print(
+            f"scalegnn: waiting for another preparation into {target}{who} to finish",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(target.parent / f".{target.name}-prepare.lock")
+    lock.acquire(on_wait=say_waiting)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+@contextmanager
+def writing_into(target: Path) -> Iterator[None]:
+    """Say a file system that will not take a preparation's files (full, read-only, not
+    this user's) in one line, a :class:`~dgl_scalegnn.config.ResourceError`. NumPy
+    writing to a full file system raises an ``OSError`` without an errno, saying only
+    that it wrote less than it asked to (a short write to a file means a full disk)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in NOT_WRITABLE_ERRNOS:
+            reason = os.strerror(error.errno) + (f" ({error.filename})" if error.filename else "")
+        elif error.errno is None and _SHORT_WRITE.fullmatch(str(error)):
+            reason = f"{os.strerror(errno.ENOSPC)} (a write stopped short: {error})"
+        else:
+            raise
+        raise ResourceError(
+            f"cannot write the prepared directory {target}: {reason}; free space there or "
+            "prepare onto a writable file system (a prepared directory already there is kept)"
+        ) from None
+
+
 def new_staging_directory(target: Path) -> Path:
     """A fresh hidden sibling of ``target`` to write into before :func:`install_directory`."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -242,28 +370,56 @@ def new_staging_directory(target: Path) -> Path:
 
 
 def install_directory(staging: Path, target: Path, record: dict) -> Path:
-    """Write ``meta.json`` (``record``) into ``staging`` and rename it to ``target``,
-    replacing an older ``target``: readers see the old directory or the new, whole."""
+    """Write ``meta.json`` (``record``) into ``staging`` and put it in the place of
+    ``target``: an older prepared ``target`` is renamed aside first and removed once the
+    new one is in place (put back if that fails), so readers see the old directory or
+    the new, whole.
+
+    Raises
+    ------
+    PrepareTargetError
+        If ``target`` holds what no preparation writes (:func:`check_target`).
+    """
     (staging / "meta.json").write_text(json.dumps(record, indent=2) + "\n")
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
+    check_target(target)
+    if not (target.is_dir() and any(target.iterdir())):
+        staging.rename(target)  # an empty directory is replaced by the rename
+        return target
+    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.replaced-", dir=target.parent))
+    target.rename(aside)
+    try:
+        staging.rename(target)
+    except BaseException:
+        aside.rename(target)
+        raise
+    shutil.rmtree(aside)
     return target
 
 
 def write_prepared(graph: PreparedGraph, directory: str | os.PathLike[str]) -> Path:
-    """Write an in-memory prepared graph to ``directory`` (atomically)."""
-    target = Path(directory)
-    staging = new_staging_directory(target)
-    try:
-        files = {}
-        for name, array in graph.arrays().items():
-            np.save(staging / f"{name}.npy", array)
-            files[name] = array_entry(staging / f"{name}.npy")
-        return install_directory(staging, target, {**asdict(graph.meta), "files": files})
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    """Write an in-memory prepared graph to ``directory`` (atomically; see
+    :func:`check_target` for what it may replace).
+
+    Raises
+    ------
+    PrepareTargetError
+        If ``directory`` holds what no preparation writes.
+    ResourceError
+        If its file system does not take the files.
+    """
+    target = target_path(directory)
+    with writing_into(target), locked_target(target):
+        check_target(target)
+        staging = new_staging_directory(target)
+        try:
+            files = {}
+            for name, array in graph.arrays().items():
+                np.save(staging / f"{name}.npy", array)
+                files[name] = array_entry(staging / f"{name}.npy")
+            return install_directory(staging, target, {**asdict(graph.meta), "files": files})
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
 
 def _read_meta(directory: Path) -> dict:

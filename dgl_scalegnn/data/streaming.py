@@ -21,7 +21,10 @@ what the source itself holds. With several ranks (``mpirun -np P scalegnn prepar
 rank ``r`` takes the ``r``-th contiguous range of row tiles and of feature rows, the
 ranks trade degrees and entry counts through files in the staging directory, and rank 0
 writes the small arrays, the checksums and ``meta.json``: the staging directory must
-be on a file system every rank sees.
+be on a file system every rank sees. Rank 0 alone decides about the target: it holds
+the lock of the preparations into it for the whole run, refuses a target that holds
+what no preparation writes, and swaps the new directory in
+(:func:`~dgl_scalegnn.data.prepared.install_directory`); the other ranks follow it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -42,10 +46,14 @@ from dgl_scalegnn.data.prepared import (
     ARRAY_NAMES,
     GraphMeta,
     array_entry,
+    check_target,
     install_directory,
+    locked_target,
     new_staging_directory,
     non_finite_error,
     non_finite_rows,
+    target_path,
+    writing_into,
 )
 from dgl_scalegnn.data.source import MASK_NAMES, GraphSource
 from dgl_scalegnn.data.tiles import default_tile_count, index_dtype
@@ -363,7 +371,15 @@ def prepare_streaming(
 
     Every rank of ``coordinator`` calls this with the same arguments; each writes its
     share and rank 0 installs the directory (atomically, as
-    :func:`~dgl_scalegnn.data.prepared.write_prepared` does).
+    :func:`~dgl_scalegnn.data.prepared.write_prepared` does, replacing only a prepared
+    directory; a second preparation into the same target waits for the first).
+
+    Raises
+    ------
+    PrepareTargetError
+        On rank 0, if ``directory`` holds what no preparation writes.
+    ResourceError
+        If the file system does not take the files (full, read-only, not this user's).
 
     Examples
     --------
@@ -380,22 +396,25 @@ def prepare_streaming(
     budget = budget or MemoryBudget.gigabytes(DEFAULT_MEMORY_GB)
     coordinator = coordinator or SingleProcess()
     rank = coordinator.rank
-    target = Path(directory)
-    staging = Path(
-        coordinator.gather("staging", str(new_staging_directory(target)) if rank == 0 else "")[0]
-    )
-    spill = staging / f".spill-{rank}"
-    try:
-        meta = _prepare_into(
-            source, staging, spill, permutation_seed, tile_count, budget, coordinator
-        )
+    target = target_path(directory)
+    with writing_into(target), ExitStack() as held:
         if rank == 0:
-            files = {name: array_entry(staging / f"{name}.npy") for name in ARRAY_NAMES}
-            install_directory(staging, target, {**asdict(meta), "files": files})
-        coordinator.gather("installed", "")
-    except BaseException:
-        shutil.rmtree(spill if rank else staging, ignore_errors=True)
-        raise
+            held.enter_context(locked_target(target))
+            check_target(target)  # before the work: refused now, not after it
+        made = str(new_staging_directory(target)) if rank == 0 else ""
+        staging = Path(coordinator.gather("staging", made)[0])
+        spill = staging / f".spill-{rank}"
+        try:
+            meta = _prepare_into(
+                source, staging, spill, permutation_seed, tile_count, budget, coordinator
+            )
+            if rank == 0:
+                files = {name: array_entry(staging / f"{name}.npy") for name in ARRAY_NAMES}
+                install_directory(staging, target, {**asdict(meta), "files": files})
+            coordinator.gather("installed", "")
+        except BaseException:
+            shutil.rmtree(spill if rank else staging, ignore_errors=True)
+            raise
     return meta, target
 
 

@@ -4,9 +4,11 @@ Run as ``python -m dgl_scalegnn.train.gpu_check --out gpu-check.json`` (the Make
 ``gpu-check`` target). First it decides whether a GPU is usable (torch's CUDA build, the
 driver, the devices, their compute capability, NCCL, and one kernel actually run);
 where none is, it writes the report with the reason and exits 3, or, told that none is
-expected (``--no-gpu-expected``), marks every check skipped and exits 0. Otherwise it runs
-the checks below on ``cuda:0`` and exits 0 when all pass, 1 when one fails. The report's
-fields are described in ``docs/gpu-check.md``.
+expected (``--no-gpu-expected``), marks every check skipped. Otherwise it runs the checks
+below on ``cuda:0``. It exits 0 when every check passed (or was skipped) and every fact
+of the environment was found, 1 when one failed. The report is written whatever fails:
+each fact of the environment (DGL's import among them) and each check has its own status
+and error. The report's fields are described in ``docs/gpu-check.md``.
 
 Checks (each a function of the device, so that the CPU tests run them on the CPU):
 
@@ -25,12 +27,14 @@ Checks (each a function of the device, so that the CPU tests run them on the CPU
 ``large_run``
     The sparse synthetic preset at 1M vertices (``yaml/synthetic-1m.yaml``) for 30
     steps and one evaluation: seconds per step and its breakdown, evaluation seconds,
-    ``torch.cuda.max_memory_allocated``.
+    ``torch.cuda.max_memory_allocated``, with the run's TF32 setting (``auto``: on).
 ``torchrun_grid``
-    With 2 or more GPUs, ``launch/torchrun.sh`` on 1x2x2x2 (8 GPUs; 1x1x2x2 with 4,
-    1x2x1x1 with 2) on NCCL against the same grid on gloo: step losses within 1e-4.
+    With 2 or more GPUs, ``launch/torchrun.sh`` (run by this interpreter) on 1x2x2x2
+    (8 GPUs; 1x1x2x2 with 4, 1x2x1x1 with 2) on NCCL against the same grid on gloo:
+    step losses within 1e-4.
 
-Float32 products are compared exactly (TF32 off) in the checks that compare devices.
+Float32 products are compared exactly (TF32 off) in the checks that compare devices or
+backends.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import logging
 import math
 import os
 import platform
+import shlex
 import shutil
 import signal
 import statistics
@@ -67,7 +72,12 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import Config, config_from_mapping
 from dgl_scalegnn.data.prepared import PreparedGraph, prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.distributed.bootstrap import cuda_environment, cuda_problem, driver_version
+from dgl_scalegnn.distributed.bootstrap import (
+    cuda_environment,
+    cuda_problem,
+    driver_version,
+    use_tf32,
+)
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.model.full_graph import full_graph_chunk_rows, full_graph_forward
@@ -81,6 +91,7 @@ __all__ = [
     "CHECKS",
     "CheckSkipped",
     "Outcome",
+    "FACTS",
     "gpu_problem",
     "environment",
     "count_host_syncs",
@@ -94,8 +105,9 @@ __all__ = [
     "main",
 ]
 
-#: Version of the report's layout (``docs/gpu-check.md``).
-REPORT_FORMAT = 1
+#: Version of the report's layout (``docs/gpu-check.md``): 2 gives each fact of the
+#: environment its status and error.
+REPORT_FORMAT = 2
 #: Exit status: every check passed (or none ran: no GPU, and none expected).
 PASSED = 0
 #: Exit status: a check failed.
@@ -111,8 +123,12 @@ SMALL = {
     "train": {"epochs": 1, "progress": False},
     "parallel": {"overlap": True},
 }
-#: Step losses of two devices (or two backends) agree within this, relative.
+#: Step losses of two devices (or two backends) agree within this, relative, with float32
+#: products in float32 on both (TF32 rounds a product's inputs to 10 mantissa bits).
 LOSS_TOLERANCE = 1e-4
+#: What makes a launch's float32 products exact (``parallel.tf32`` is ``auto``, on with
+#: CUDA, by default).
+EXACT_PRODUCTS = ("--set", "parallel.tf32=false")
 #: Logits of a chunked evaluation agree with the CPU's within this, relative to the largest.
 LOGIT_TOLERANCE = 1e-4
 #: The chunked evaluation: vertices and rows per chunk (unaligned, a short last chunk).
@@ -215,38 +231,67 @@ def _devices() -> list[dict[str, Any]]:
     return devices
 
 
-def environment() -> dict[str, Any]:
-    """Versions and devices: what a report's figures were measured with."""
-    usable = torch.cuda.is_available()
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "dgl_scalegnn": dgl_scalegnn.__version__,
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "driver": driver_version(),
-        "cuda_environment": cuda_environment(),
-        "devices": _devices() if usable else [],
-        "nccl": _nccl_version() if usable else None,
-        "triton": _version_of("triton"),
-        "dgl": dgl.__version__,
-        "c_compiler": _c_compiler(),
-        "cpu_count": os.cpu_count(),
-    }
+#: The facts of a report's environment, each found by its own function: versions and
+#: devices, what the figures were measured with.
+FACTS: dict[str, Callable[[], Any]] = {
+    "python": platform.python_version,
+    "platform": platform.platform,
+    "dgl_scalegnn": lambda: dgl_scalegnn.__version__,
+    "torch": lambda: torch.__version__,
+    "torch_cuda": lambda: torch.version.cuda,
+    "driver": driver_version,
+    "cuda_environment": cuda_environment,
+    "devices": lambda: _devices() if torch.cuda.is_available() else [],
+    "nccl": lambda: _nccl_version() if torch.cuda.is_available() else None,
+    "triton": lambda: _version_of("triton"),
+    "dgl": lambda: dgl.__version__,  # imports DGL (and scipy, requests, tqdm, libdgl)
+    "c_compiler": _c_compiler,
+    "cpu_count": os.cpu_count,
+}
+
+
+def _error_line(error: BaseException) -> str:
+    """``error`` in one line: its type and the first line of its message."""
+    message = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
+
+
+def environment(facts: dict[str, Callable[[], Any]] = FACTS) -> dict[str, dict[str, Any]]:
+    """Each fact of ``facts`` with its status: ``found`` and its ``value``, or ``failed``
+    and its ``error`` (a fact that fails, DGL's import say, leaves the others found)."""
+    found = {}
+    for name, find in facts.items():
+        try:
+            found[name] = {"status": "found", "value": find(), "error": None}
+        except Exception as error:  # an unattended run reports every failure and goes on
+            found[name] = {"status": "failed", "value": None, "error": _error_line(error)}
+    return found
 
 
 # -------------------------------------------------------------------- helpers
 
 
 @contextlib.contextmanager
-def _exact_float32() -> Iterator[None]:
-    """Float32 products in float32 (TF32 off), for comparisons with the CPU."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+def _float32_precision(precision: str | None = None) -> Iterator[None]:
+    """Float32 products of cuBLAS and cuDNN in ``precision`` (``"ieee"``: float32;
+    ``"tf32"``) inside, as they were after (also what is set inside, as :func:`use_tf32`
+    does). Only torch's ``fp32_precision`` settings are read and written: once one is set,
+    reading the legacy ``allow_tf32`` raises."""
+    settings = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    saved = [setting.fp32_precision for setting in settings]
     try:
+        if precision is not None:
+            for setting in settings:
+                setting.fp32_precision = precision
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+        for setting, value in zip(settings, saved):
+            setting.fp32_precision = value
+
+
+def _exact_float32() -> contextlib.AbstractContextManager[None]:
+    """Float32 products in float32 (TF32 off), for comparisons with the CPU."""
+    return _float32_precision("ieee")
 
 
 class _Messages(logging.Handler):
@@ -460,7 +505,9 @@ def large_run(
     fuse: bool | None = None,
 ) -> Outcome:
     """``config`` (by default :data:`LARGE_CONFIG`) on one rank of ``device`` for
-    ``steps`` steps and one evaluation; ``fuse`` defaults to on with CUDA."""
+    ``steps`` steps and one evaluation, with float32 products as the run sets them
+    (``parallel.tf32``; ``auto``: TF32 on CUDA, as a training run has them); ``fuse``
+    defaults to on with CUDA."""
     if config is None:
         config = yaml.safe_load(Path(LARGE_CONFIG).read_text())
     fuse = device.type == "cuda" if fuse is None else fuse
@@ -473,8 +520,11 @@ def large_run(
     prepare_s = time.perf_counter() - started
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    trainer = _trainer(cfg, graph, device)
-    summary = trainer.fit()
+    with _float32_precision():
+        tf32 = use_tf32(cfg.parallel.tf32, device)
+        trainer = _trainer(cfg, graph, device)
+        summary = trainer.fit()
+        chunk_rows = full_graph_chunk_rows(trainer.model, trainer.store.full_graph())
     events = trainer.metrics.events
     step_events = [e for e in events if e["event"] == "step"]
     timed = step_events[WARM_UP_STEPS:] or step_events
@@ -484,13 +534,14 @@ def large_run(
         "nnz": graph.meta.nnz,
         "batch_size": cfg.sampling.batch_size,
         "fuse": fuse,
+        "tf32": tf32,
         "prepare_s": prepare_s,
         "steps": len(step_events),
         "first_step_s": step_events[0]["step_s"],
         "seconds_per_step": statistics.median(e["step_s"] for e in timed),
         "breakdown_s": _breakdown(timed),
         "eval_s": evaluation["eval_s"],
-        "eval_chunk_rows": full_graph_chunk_rows(trainer.model, trainer.store.full_graph()),
+        "eval_chunk_rows": chunk_rows,
         "accuracy": _accuracies(events),
         "final_loss": step_events[-1]["loss"],
         "peak_rss_mb": max(summary["max_rss_mb"]),
@@ -508,18 +559,25 @@ def _launch_script() -> Path:
     return Path(dgl_scalegnn.__file__).resolve().parents[1] / "launch" / "torchrun.sh"
 
 
-def _torchrun() -> str | None:
-    """``torchrun`` beside this interpreter, else on the PATH."""
-    beside = Path(sys.executable).parent / "torchrun"
-    return str(beside) if beside.exists() else shutil.which("torchrun")
+def _torchrun(directory: Path) -> Path:
+    """A ``torchrun`` in ``directory`` that is this interpreter's
+    (``python -m torch.distributed.run``): one on the PATH, or beside another
+    interpreter, would run another Python and another torch than the one checked."""
+    script = directory / "torchrun"
+    script.write_text(
+        f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m torch.distributed.run "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
 
 
 def _launch(grid: str, config: Path, metrics: Path, backend: str) -> list[dict]:
-    """``launch/torchrun.sh`` on ``grid`` with ``backend``; its metrics events."""
+    """``launch/torchrun.sh`` on ``grid`` with ``backend`` and exact float32 products, by
+    this interpreter's torchrun; its metrics events."""
     world = math.prod(int(size) for size in grid.split("x"))
     argv = [str(_launch_script()), str(world), grid, str(config), "--metrics", str(metrics)]
-    argv += ["--set", f"parallel.backend={backend}"]
-    env = {**os.environ, "TORCHRUN": _torchrun() or "torchrun"}
+    argv += ["--set", f"parallel.backend={backend}", *EXACT_PRODUCTS]
+    env = {**os.environ, "TORCHRUN": str(_torchrun(metrics.parent))}
     with subprocess.Popen(
         argv,
         env=env,
@@ -542,7 +600,8 @@ def _launch(grid: str, config: Path, metrics: Path, backend: str) -> list[dict]:
 
 
 def torchrun_grid(gpus: int) -> Outcome:
-    """A torchrun grid on NCCL (one GPU per rank) against the same grid on gloo."""
+    """A torchrun grid on NCCL (one GPU per rank) against the same grid on gloo, float32
+    products exact on both (:data:`EXACT_PRODUCTS`)."""
     fitting = [count for count in TORCHRUN_GRIDS if count <= gpus]
     if not fitting:
         raise CheckSkipped(
@@ -617,10 +676,13 @@ def _run_one(check: Callable[[torch.device], Outcome], device: torch.device) -> 
 
 
 def run_checks(
-    device: torch.device, checks: dict[str, Callable[[torch.device], Outcome]] = CHECKS
+    device: torch.device,
+    checks: dict[str, Callable[[torch.device], Outcome]] = CHECKS,
+    entries: dict[str, dict] | None = None,
 ) -> dict[str, dict]:
-    """Every check on ``device``, in order, printing one line each."""
-    entries = {}
+    """Every check on ``device``, in order, printing one line each; each entry goes into
+    ``entries`` (a new dictionary by default) as soon as its check ends."""
+    entries = {} if entries is None else entries
     for name, check in checks.items():
         print(f"gpu-check: {name} ...", flush=True)
         entries[name] = _run_one(check, device)
@@ -628,6 +690,36 @@ def run_checks(
         said = f": {entry['reason']}" if entry["reason"] else ""
         print(f"gpu-check: {name} {entry['status']} ({entry['seconds']:.1f} s){said}", flush=True)
     return entries
+
+
+def _usable_gpu_problem() -> str | None:
+    """:func:`gpu_problem`, and where deciding it raised, that as the reason."""
+    try:
+        return gpu_problem()
+    except Exception as error:  # a broken driver or device: still a report
+        return f"deciding whether a GPU is usable raised {_error_line(error)}"
+
+
+def _verdict(
+    problem: str | None, gpu_expected: bool, facts: dict[str, dict], checks: dict[str, dict]
+) -> tuple[str, str | None]:
+    """The report's status and reason: ``no-gpu`` where a GPU was expected and none is
+    usable (``problem``), else ``failed`` where a fact or a check failed, else
+    ``skipped`` (no GPU, none expected) or ``passed``."""
+    failed = [
+        f"environment {name} ({fact['error']})"
+        for name, fact in facts.items()
+        if fact["status"] == "failed"
+    ]
+    failed += [name for name, entry in checks.items() if entry["status"] == "failed"]
+    said = [f"no usable GPU: {problem}"] if problem is not None else []
+    said += [f"failed: {', '.join(failed)}"] if failed else []
+    reason = "; ".join(said) or None
+    if problem is not None and gpu_expected:
+        return "no-gpu", reason
+    if failed:
+        return "failed", reason
+    return ("skipped" if problem is not None else "passed"), reason
 
 
 def make_report(
@@ -667,32 +759,39 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Decide whether a GPU is usable, run the checks, write the report; the exit status
-    is :data:`PASSED`, :data:`FAILED` or :data:`NO_GPU`."""
+    """Decide whether a GPU is usable, run the checks, write the report (also when a fact,
+    a check or the run itself fails); the exit status is :data:`PASSED`, :data:`FAILED`
+    or :data:`NO_GPU`."""
     args = _parser().parse_args(argv)
     started = time.perf_counter()
-    problem = gpu_problem()
+    gpu_expected = not args.no_gpu_expected
+    problem = _usable_gpu_problem()
     facts = environment()  # before the checks: a broken device may not answer after them
-    if problem is None:
-        checks = run_checks(torch.device("cuda", 0))
-        failed = [name for name, entry in checks.items() if entry["status"] == "failed"]
-        status, reason = ("failed", f"failed: {', '.join(failed)}") if failed else ("passed", None)
-    else:
-        reason = f"no usable GPU: {problem}"
-        checks = {name: _entry("skipped", 0.0, None, reason) for name in CHECKS}
-        status = "skipped" if args.no_gpu_expected else "no-gpu"
-    seconds = time.perf_counter() - started
-    report = make_report(status, reason, not args.no_gpu_expected, facts, checks, seconds)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    if report["status"] == "no-gpu":
+    checks: dict[str, dict] = {}
+    status, reason = "failed", "the run stopped before its checks ended"
+    try:
+        if problem is None:
+            run_checks(torch.device("cuda", 0), entries=checks)
+        else:
+            checks.update(
+                {name: _entry("skipped", 0.0, None, f"no usable GPU: {problem}") for name in CHECKS}
+            )
+        status, reason = _verdict(problem, gpu_expected, facts, checks)
+    finally:  # the report, whatever failed (an interrupt too): the checks not run say so
+        for name in CHECKS:
+            checks.setdefault(name, _entry("failed", 0.0, None, reason))
+        seconds = time.perf_counter() - started
+        report = make_report(status, reason, gpu_expected, facts, checks, seconds)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if status == "no-gpu":
         print(
             f"gpu-check: {reason}. Report: {args.out}. Where no GPU is expected, run "
             "make gpu-check GPU_EXPECTED=0",
             file=sys.stderr,
         )
         return NO_GPU
-    print(f"gpu-check: {report['status']}{f' ({reason})' if reason else ''}; report: {args.out}")
-    return FAILED if report["status"] == "failed" else PASSED
+    print(f"gpu-check: {status}{f' ({reason})' if reason else ''}; report: {args.out}")
+    return FAILED if status == "failed" else PASSED
 
 
 if __name__ == "__main__":
