@@ -17,6 +17,7 @@ from dgl_scalegnn.config import (
     Config,
     InputError,
     ParallelConfig,
+    ResourceError,
     check_kernel_backend,
 )
 from dgl_scalegnn.core.grid_shape import GridShape
@@ -46,6 +47,7 @@ from dgl_scalegnn.train.defaults import (
     apply_graph_defaults,
 )
 from dgl_scalegnn.train.metrics import MetricsWriter, run_directory
+from dgl_scalegnn.train.run_lock import RunDirectoryError, claim_run_directory
 from dgl_scalegnn.train.trainer import Trainer
 
 __all__ = [
@@ -244,10 +246,20 @@ def run_training(
     Rank 0 shows the run on stdout: lines a person reads
     (:class:`~dgl_scalegnn.train.console.Console`), or with ``json_stdout`` its events
     as JSON lines. The events also go to ``metrics_path`` (or ``output.metrics``); an
-    existing file is continued only by a resumed run.
+    existing file is continued only by a resumed run. A run with ``output.dir`` holds
+    that directory's lock from before anything is loaded to its end
+    (:mod:`~dgl_scalegnn.train.run_lock`): a second job there is refused on every rank.
     """
     session = start_session(cfg.parallel)
     info, runtime = session.launch, session.runtime
+    try:
+        run_lock = claim_run_directory(cfg.output.dir, info.rank)
+    except (RunDirectoryError, ResourceError):
+        end_session(session)  # rank 0's refusal is every rank's: none stops another
+        raise
+    except BaseException as error:
+        end_session(session, error)
+        raise
     failure: BaseException | None = None
     try:
         shape = runtime.grid.shape
@@ -275,6 +287,11 @@ def run_training(
             threads=torch.get_num_threads(),  # intra-op threads of each rank
             versions=versions(),
         )
+        if run_lock is not None and run_lock.left_by is not None:
+            metrics.note(
+                f"took over the lock of output.dir {cfg.output.dir} from "
+                f"{run_lock.left_by.describe()}, a job that ended without letting go of it"
+            )
         try:
             graph = load_graph(cfg, session, metrics)
             cfg = with_graph_defaults(cfg, graph, session, metrics)
@@ -287,4 +304,6 @@ def run_training(
         failure = error
         raise
     finally:
+        if run_lock is not None:
+            run_lock.release()
         end_session(session, failure)
