@@ -23,10 +23,8 @@ here), for every method alike. Graphs: the presets of
 :mod:`benchmarks.scale_presets`, generated and prepared once as ``make bench-growth``
 does (:func:`benchmarks.graphs.setup_graph`).
 
-Settings (:class:`EvalSettings`, ``make bench-eval BENCH_ARGS="..."``): ``--sizes``
-(``preset=N,N;preset=N``, default ``sparse=1000000,3000000;products-like=1000000``),
-``--work`` (where graphs go; kept and reused). Outputs:
-``benchmarks/results/bench_eval.json`` and ``bench_eval.md``.
+Settings: :class:`EvalSettings` (``--help``; ``make bench-eval BENCH_ARGS="..."``).
+Outputs: ``benchmarks/results/bench_eval.json`` and ``bench_eval.md``.
 """
 
 from __future__ import annotations
@@ -79,8 +77,13 @@ class EvalSettings:
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None = None) -> EvalSettings:
         parser = argparse.ArgumentParser(prog="bench_eval", description=__doc__.split("\n")[0])
-        parser.add_argument("--sizes", type=argument(parse_sizes), default=cls.sizes)
-        parser.add_argument("--work", type=Path, help="where graphs go; kept and reused")
+        parser.add_argument(
+            "--sizes",
+            type=argument(parse_sizes),
+            default=cls.sizes,
+            help=f"preset=N,N;preset=N (default {DEFAULT_SIZES})",
+        )
+        parser.add_argument("--work", type=Path, help="keep the graphs here (bench-growth's do)")
         args = parse_args(parser, argv)
         return cls(args.sizes, args.work)
 

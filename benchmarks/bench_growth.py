@@ -39,19 +39,9 @@ generation and save; DistDGL's partitioning). A run that fails (memory, time-out
 row with its error. The report (:mod:`benchmarks.growth_report`) fits how each quantity
 grows with N and sets the cost model's prediction beside it.
 
-The settings (:class:`GrowthSettings`, ``python -m benchmarks.bench_growth --help``;
-``make bench-growth BENCH_ARGS="..."``):
-
-``--sizes``
-    ``preset=N,N;preset=N`` (``3m``, ``3e6`` or ``3000000``; default
-    ``sparse=1000000,3000000,10000000;products-like=1000000,2449029``).
-``--budget``
-    Training seconds per million vertices (default 6).
-``--work``
-    Where graphs and logs go; kept, and finished runs are not run again (resume).
-``--methods``
-    A subset of :data:`METHODS`, separated by ``;`` (the names hold commas; default:
-    all).
+Settings: :class:`GrowthSettings`, from ``python -m benchmarks.bench_growth --help``
+(``make bench-growth BENCH_ARGS="..."``); with ``--work``, graphs, logs and finished runs
+are kept and a later run resumes.
 
 Outputs: ``benchmarks/results/bench_growth.json``, ``bench_growth.png`` and
 ``bench_growth.md``.
@@ -137,12 +127,27 @@ class GrowthSettings:
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None = None) -> GrowthSettings:
         parser = argparse.ArgumentParser(prog="bench_growth", description=__doc__.split("\n")[0])
-        parser.add_argument("--sizes", type=argument(parse_sizes), default=cls.sizes)
         parser.add_argument(
-            "--budget", type=float, default=cls.budget_per_million_s, help="s per 1M vertices"
+            "--sizes",
+            type=argument(parse_sizes),
+            default=cls.sizes,
+            help=f"preset=N,N;preset=N, N as 3m, 3e6 or 3000000 (default {DEFAULT_SIZES})",
         )
-        parser.add_argument("--work", type=Path, help="graphs and logs; finished runs kept")
-        parser.add_argument("--methods", type=argument(_methods), default=METHODS)
+        parser.add_argument(
+            "--budget",
+            type=float,
+            default=cls.budget_per_million_s,
+            help=f"training seconds per million vertices (default {BUDGET_PER_MILLION_S:g})",
+        )
+        parser.add_argument("--work", type=Path, help="keep graphs, logs and finished runs here")
+        parser.add_argument(
+            "--methods",
+            type=argument(_methods),
+            default=METHODS,
+            help="some of the methods, separated by ';' (their names hold commas; default all: "
+            + "; ".join(METHODS)
+            + ")",
+        )
         args = parse_args(parser, argv)
         return cls(args.sizes, args.budget, args.work, args.methods)
 

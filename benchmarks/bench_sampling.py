@@ -18,7 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import median_seconds, prepared_dgl_graph, pyplot, save_plot, write_results
+from benchmarks.common import (
+    grouped_bars,
+    median_seconds,
+    prepared_dgl_graph,
+    pyplot,
+    save_plot,
+    write_results,
+)
 from benchmarks.harness import full_mode
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import SyntheticConfig
@@ -122,7 +129,6 @@ def main(quick: bool = True) -> dict:
     )
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4))
-    labels_x = [f"{r['batch_fraction']:.0%}" for r in rows]
     keys = (
         "ours_whole",
         "ours_rank_of_8_L1",
@@ -130,15 +136,8 @@ def main(quick: bool = True) -> dict:
         "dgl_node_subgraph",
         "dgl_saint_node",
     )
-    width = 0.8 / len(keys)
-    for i, key in enumerate(keys):
-        axis.bar(
-            [j + i * width for j in range(len(rows))],
-            [r[key] * 1e3 for r in rows],
-            width,
-            label=key,
-        )
-    axis.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels_x)
+    labels = [f"{r['batch_fraction']:.0%}" for r in rows]
+    grouped_bars(axis, rows, keys, lambda row, key: row[key] * 1e3, labels)
     axis.set_xlabel("batch size (fraction of N)")
     axis.set_ylabel("ms per step (median)")
     axis.set_title(f"Sampling, N={num_nodes:,}, nnz={prepared.meta.nnz:,}")

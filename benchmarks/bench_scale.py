@@ -46,20 +46,11 @@ sizes, learning rates 0.01 and 0.03) and dgl_scalegnn's full-mode choice (B = N/
 dropout, learning rate 0.03 on the configs' cosine decay) alone (read at their end), one
 seed; the run time is in ``bench_scale.md``. Full mode (``--full``): 240 s and 14
 evaluations (two per doubling, from 2.7 s), 60 s (20 steps), larger sweeps, three seeds.
-The settings (:class:`ScaleSettings`, ``python -m benchmarks.bench_scale --help``;
-``make bench-scale BENCH_ARGS="..."``):
-
-``--nodes``
-    Vertices of both graphs (default 1,000,000); B stays N/10.
-``--budget``
-    Training seconds of a final run (the sweeps get a quarter).
-``--graphs``
-    Comma-separated presets (default ``sparse,products-like``).
-``--partition``
-    DistDGL's partitioning: ``random`` (quick mode's default) or ``metis`` (full mode's).
-``--work``
-    Where the prepared graphs and partitions go (kept and reused when given; a
-    temporary directory otherwise).
+Settings: :class:`ScaleSettings`, from ``python -m benchmarks.bench_scale --help``
+(``make bench-scale BENCH_ARGS="..."``): the mode, the vertices of both graphs (B stays
+N/10), the final runs' training seconds (the sweeps get a quarter), the presets,
+DistDGL's partitioning (random in quick mode, METIS in full mode) and a work directory
+whose prepared graphs and partitions are kept and reused.
 
 Outputs: ``benchmarks/results/bench_scale.json``, ``bench_scale_<graph>.png`` and
 ``bench_scale.md`` (:mod:`benchmarks.scale_report`).
@@ -122,12 +113,13 @@ class ScaleSettings:
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None = None) -> ScaleSettings:
         parser = argparse.ArgumentParser(prog="bench_scale", description=__doc__.split("\n")[0])
-        parser.add_argument("--full", action="store_true", help="full mode: 240 s, 3 seeds")
-        parser.add_argument("--nodes", type=int, default=cls.nodes, help="vertices per graph")
-        parser.add_argument("--budget", type=float, help="training seconds of a final run")
-        parser.add_argument("--graphs", default=",".join(cls.graphs), help="presets, a,b")
-        parser.add_argument("--partition", choices=("random", "metis"), help="DistDGL's")
-        parser.add_argument("--work", type=Path, help="keep the prepared graphs here")
+        add = parser.add_argument
+        add("--full", action="store_true", help="240 s runs, larger sweeps, 3 seeds")
+        add("--nodes", type=int, default=cls.nodes, help="vertices of both graphs; B = N/10")
+        add("--budget", type=float, help="training s of a final run (24, full 240; sweeps 1/4)")
+        add("--graphs", default=",".join(cls.graphs), help="comma-separated presets")
+        add("--partition", choices=("random", "metis"), help="DistDGL's (random, full metis)")
+        add("--work", type=Path, help="keep the prepared graphs and partitions here, reuse them")
         args = parse_args(parser, argv)
         graphs = tuple(name.strip() for name in args.graphs.split(",") if name.strip())
         for name in graphs:

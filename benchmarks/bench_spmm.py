@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import median_seconds, pyplot, save_plot, write_results
+from benchmarks.common import grouped_bars, median_seconds, pyplot, save_plot, write_results
 from benchmarks.harness import full_mode
 from dgl_scalegnn.config import SyntheticConfig
 from dgl_scalegnn.core.grid_shape import GridShape
@@ -76,19 +76,8 @@ def main(quick: bool = True) -> dict:
     path = write_results("bench_spmm", {"num_nodes": num_nodes, "quick": quick, "rows": rows})
     plt = pyplot()
     figure, axis = plt.subplots(figsize=(7, 4))
-    width_bar = 0.8 / len(SPMM_KERNELS)
-    for i, kernel in enumerate(SPMM_KERNELS):
-        axis.bar(
-            [j + i * width_bar for j in range(len(rows))],
-            [r[f"{kernel}_s"] * 1e3 for r in rows],
-            width_bar,
-            label=kernel,
-        )
-    axis.set_xticks(
-        [j + 0.4 - width_bar / 2 for j in range(len(rows))],
-        [f"{r['block']}\nB={r['batch_fraction']:.0%}" for r in rows],
-        fontsize=8,
-    )
+    labels = [f"{r['block']}\nB={r['batch_fraction']:.0%}" for r in rows]
+    grouped_bars(axis, rows, SPMM_KERNELS, lambda row, k: row[f"{k}_s"] * 1e3, labels, fontsize=8)
     axis.set_ylabel("forward + backward, ms (median)")
     axis.set_title(f"Local SpMM, N={num_nodes:,}, D={width}")
     axis.legend()

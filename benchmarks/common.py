@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,16 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def grouped_bars(axis, rows: list[dict], keys: Sequence[str], value, labels, **ticks) -> None:
+    """On ``axis``, a group of bars per row, one bar per key, ``value(row, key)`` high,
+    each group labelled by ``labels`` (``ticks``: the labels' text options)."""
+    width = 0.8 / len(keys)
+    for i, key in enumerate(keys):
+        bars = [value(row, key) for row in rows]
+        axis.bar([j + i * width for j in range(len(rows))], bars, width, label=key)
+    axis.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, **ticks)
 
 
 def save_plot(figure, results_path: Path) -> None:
