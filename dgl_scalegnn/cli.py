@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from dgl_scalegnn.config import Config, ConfigError, InputError, load_config, say_input_error
+from dgl_scalegnn.config import Config, ConfigError, InputError, load_config
 
 if TYPE_CHECKING:
     from dgl_scalegnn.data.prepared import GraphMeta
@@ -28,7 +28,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["main"]
+__all__ = ["main", "BROKEN_PIPE_EXIT_CODE"]
+
+#: Exit code when the reader of stdout left before the output ended (``| head``): the
+#: shell's 128 + SIGPIPE, what a tool that SIGPIPE ends reports.
+BROKEN_PIPE_EXIT_CODE = 141
 
 
 def _launch_rank() -> int:
@@ -169,7 +173,8 @@ def _predict(args: argparse.Namespace) -> int:
 def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
     """``work(coordinator)`` on this process, or on every rank of an ``mpirun``/``srun``/
     ``torchrun`` launch with a watchdog: a rank that fails stops all, which say its
-    message unless it is bad input (then the failing rank alone reports it)."""
+    message unless it is bad input or Ctrl-C (then the failing rank alone reports it),
+    and exit with its kind's code (:data:`~dgl_scalegnn.distributed.watchdog.EXIT_CODES`)."""
     from dgl_scalegnn.data.streaming import SingleProcess, StoreCoordinator
     from dgl_scalegnn.distributed.bootstrap import detect_launch, init_distributed
     from dgl_scalegnn.distributed.watchdog import Watchdog
@@ -361,16 +366,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     args = _parser().parse_args(argv)
     try:
-        return args.handler(args)
-    except InputError as error:
-        from dgl_scalegnn.distributed.watchdog import stopped_the_job
+        code = args.handler(args)
+        sys.stdout.flush()  # a reader that left (`| head`) shows here, not at the exit
+        return code
+    except BrokenPipeError:
+        # The reader of stdout left (`scalegnn plan | head -1`) with what it wanted: end
+        # quietly, as a tool that SIGPIPE ends, with stdout on /dev/null so that the
+        # interpreter's own flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT_CODE
+    except BaseException as error:
+        from dgl_scalegnn.distributed.watchdog import (
+            EXIT_CODES,
+            failure_kind,
+            say_failure,
+            stopped_the_job,
+        )
 
-        # One rank says it, in one line: in a running job the rank whose failure stopped
-        # it has said it already (Watchdog.report_failure; the others stay quiet), else
-        # rank 0 does (every rank sees the same bad input).
+        kind = failure_kind(error)
+        if kind == "error":
+            raise  # a bug: its trace
+        # Bad input, Ctrl-C or a lack of memory or disk: one rank says it, in one line. In
+        # a running job the rank whose failure stopped it has said it already
+        # (Watchdog.report_failure; the others exit with the same code), else rank 0 does
+        # (every rank met the same).
         if _launch_rank() == 0 and not stopped_the_job(error):
-            say_input_error(error)
-        return 2
+            say_failure(error, 0)
+        return EXIT_CODES[kind]
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ __all__ = [
     "ResourceError",
     "BAD_INPUT_EXIT_CODE",
     "RESOURCE_EXIT_CODE",
+    "INTERRUPTED_EXIT_CODE",
     "ConfigError",
     "DataConfig",
     "SyntheticConfig",
@@ -98,6 +99,9 @@ BAD_INPUT_EXIT_CODE = 2
 #: Exit code of a run the machine could not carry (:class:`ResourceError`): a full disk,
 #: a path that cannot be written, a rank out of memory. Fix the machine, then resume.
 RESOURCE_EXIT_CODE = 74
+#: Exit code of a command interrupted by Ctrl-C (``SIGINT``) outside training, the
+#: shell's 128 + 2: nothing is wrong with the input or the machine.
+INTERRUPTED_EXIT_CODE = 130
 
 
 class ResourceError(Exception):
@@ -813,15 +817,40 @@ def _deep_copy(mapping: dict[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in mapping.items()}
 
 
+def _config_text(file: Path) -> str:
+    """The text of config file ``file``, or a :class:`ConfigError` that says what it is
+    instead: missing, a directory or another kind of file, unreadable, or binary."""
+    name = repr(str(file))
+    if file.is_dir():
+        raise ConfigError(f"config file {name} is a directory; give a YAML file")
+    if not file.exists():
+        raise ConfigError(f"config file {name} does not exist")
+    if not file.is_file():
+        raise ConfigError(f"config file {name} is not a regular file; give a YAML file")
+    try:
+        data = file.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"config file {name} cannot be read: {error.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or "\0" in text:  # NUL is UTF-8, but no text holds it
+        raise ConfigError(
+            f"config file {name} is binary, not YAML text; a graph file goes in data.path "
+            "(scalegnn train --data GRAPH.bin)"
+        )
+    return text
+
+
 def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None = None) -> Config:
     """Read a YAML config file (or none: all defaults) and apply ``--set`` overrides."""
     mapping: dict[str, Any] = {}
     if path is not None:
         file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file {str(file)!r} does not exist")
+        text = _config_text(file)
         try:
-            loaded = _parse_yaml(file.read_text())
+            loaded = _parse_yaml(text)
         except yaml.YAMLError as error:
             raise ConfigError(
                 f"config file {str(file)!r} is not valid YAML: {_yaml_problem(error)}"

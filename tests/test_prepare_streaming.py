@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import DataConfig, SyntheticConfig
+from dgl_scalegnn.config import BAD_INPUT_EXIT_CODE, DataConfig, SyntheticConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.cache import cache_directory, prepare_cached
 from dgl_scalegnn.data.datasets import dataset_from_graph, file_identity
@@ -246,7 +246,7 @@ def test_eight_ranks_without_prepared_each_map_only_their_share(tmp_path):
 
 def test_failure_while_preparing_is_said_once_and_stops_the_waiting_ranks(tmp_path):
     """Bad input found by the preparing rank: it says so in one line; the ranks it stops
-    exit with the watchdog's code without repeating it."""
+    exit with the same code (2) without repeating it."""
     missing = tmp_path / "no-such-graph.bin"
     config = {"data": {"name": "dgl", "path": str(missing)}, "parallel": {"grid": "1x1x1x3"}}
     env = {"SCALEGNN_CACHE_DIR": str(tmp_path / "cache")}
@@ -262,5 +262,5 @@ def test_failure_while_preparing_is_said_once_and_stops_the_waiting_ranks(tmp_pa
     message = f"dataset 'dgl': file {str(missing)!r} does not exist"
     assert results[0][0] != 0 and message in results[0][1]  # a worker: no CLI, no code 2
     for rank in (1, 2):
-        assert results[rank] == (ABORT_EXIT_CODE, ""), (rank, results[rank][1][-2000:])
+        assert results[rank] == (BAD_INPUT_EXIT_CODE, ""), (rank, results[rank][1][-2000:])
     shutil.rmtree(tmp_path / "cache", ignore_errors=True)

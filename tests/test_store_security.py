@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import yaml
 from dgl_scalegnn.cli import main as cli_main
-from dgl_scalegnn.config import ConfigError
+from dgl_scalegnn.config import BAD_INPUT_EXIT_CODE, ConfigError
 from dgl_scalegnn.distributed.bootstrap import (
     SECRET_VARIABLE,
     JobStore,
@@ -176,7 +176,7 @@ def test_a_launch_without_a_job_secret_is_refused(monkeypatch, secret, found):
 
 def test_bad_input_on_every_rank_is_one_line_from_one_rank(tmp_path):
     """A dgl data file that is not a graph: the failing rank (rank 0, which prepares the
-    node's copy) says it once and exits 2; the rank it stops exits 17 without a word."""
+    node's copy) says it once and exits 2; the rank it stops exits 2 without a word."""
     path = tmp_path / "graph.bin"
     path.write_bytes(os.urandom(4096))
     config = {**CONFIG, "data": {"name": "dgl", "path": str(path)}}
@@ -184,7 +184,7 @@ def test_bad_input_on_every_rank_is_one_line_from_one_rank(tmp_path):
     results = spawn_ranks(
         2, "dgl_scalegnn.cli:main", [argv], tmp_path / "ranks", expect_failure=True, timeout=60
     )
-    assert [code for code, _ in results] == [2, ABORT_EXIT_CODE], results
+    assert [code for code, _ in results] == [BAD_INPUT_EXIT_CODE] * 2, results
     said = [line for _, output in results for line in output.splitlines() if line.strip()]
     # the start-up's lines are not about the error: whatever says it, or a rank stopping
     errors = [line for line in said if "error" in line.lower() or "stopping" in line]
@@ -192,7 +192,7 @@ def test_bad_input_on_every_rank_is_one_line_from_one_rank(tmp_path):
 
 
 def test_bad_input_under_mpirun_is_said_before_the_launcher_ends_the_job(tmp_path):
-    """The same bad input under launch/mpirun.sh: the rank it stops exits 17 at once, and
+    """The same bad input under launch/mpirun.sh: the rank it stops exits 2 at once, and
     mpirun then ends every other process, the failing rank 0 too while it lingers for the
     watchdogs (it hosts their store): it must have said its line before lingering."""
     path = tmp_path / "graph.bin"
@@ -234,7 +234,7 @@ def test_a_rank_stopped_by_another_says_why_unless_it_was_bad_input(capsys, bad_
     # left to its caller (a trace) and said by every rank it stops
     reported = capsys.readouterr().err
     assert reported == ("scalegnn: error: data.path: not a graph\n" if bad_input else "")
-    with pytest.raises(_Exited, match=str(ABORT_EXIT_CODE)):
+    with pytest.raises(_Exited, match=str(BAD_INPUT_EXIT_CODE if bad_input else ABORT_EXIT_CODE)):
         second.report_failure(RuntimeError("a collective broke"), bad_input=bad_input)
     said = capsys.readouterr().err
     if bad_input:

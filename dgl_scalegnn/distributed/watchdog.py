@@ -7,9 +7,12 @@ rendezvous key-value store (a ``TCPStore``):
 - each rank bumps a heartbeat counter every ``interval`` seconds;
 - each rank watches the next rank's counter (a ring, so the store sees O(world) traffic);
   a counter that stops for ``timeout`` seconds means that rank is gone;
-- a rank that fails, or sees a rank gone, writes one abort record naming the rank and
-  the reason; every watchdog polls that record and ends its process with it, saying
-  why, unless the record is bad input (the failing rank reports that itself, once);
+- a rank that fails, or sees a rank gone, writes one abort record naming the rank, the
+  kind of failure and the reason; every watchdog polls that record and ends its process
+  with it, with the kind's exit code (:data:`EXIT_CODES`: every rank of a job stopped by
+  bad input exits 2, as its failing rank does, so a launcher that reports the first rank
+  to exit says 2), saying why unless the record is bad input or an interrupt (the
+  failing rank reports those itself, once);
 - the record is signed with a key derived from the job's secret: a record no rank of
   the job signed (written by a client outside it) is ignored;
 - a rank that finishes normally marks itself done, so it is not taken for dead;
@@ -38,15 +41,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import torch
 import torch.distributed as dist
 
-from dgl_scalegnn.config import say_input_error
+from dgl_scalegnn.config import (
+    BAD_INPUT_EXIT_CODE,
+    INTERRUPTED_EXIT_CODE,
+    RESOURCE_EXIT_CODE,
+    InputError,
+    ResourceError,
+    say_input_error,
+)
 from dgl_scalegnn.distributed.bootstrap import JobStore
 
 __all__ = [
     "Watchdog",
     "AbortRecord",
     "ABORT_EXIT_CODE",
+    "EXIT_CODES",
+    "failure_kind",
+    "is_out_of_memory",
+    "say_failure",
     "is_communication_error",
     "stopped_the_job",
     "signed",
@@ -55,7 +70,19 @@ __all__ = [
     "running_here",
 ]
 
+#: Exit code of a rank stopped by another rank's failure (one that is not bad input,
+#: an interrupt or a lack of resources) or by a lost rank.
 ABORT_EXIT_CODE = 17
+#: The exit code of every rank a job's abort record stops, by the record's kind. The
+#: failing rank itself exits with the same code, except for ``error`` (a trace, 1).
+EXIT_CODES = {
+    "input": BAD_INPUT_EXIT_CODE,
+    "interrupt": INTERRUPTED_EXIT_CODE,
+    "resource": RESOURCE_EXIT_CODE,
+    "error": ABORT_EXIT_CODE,
+}
+#: The kinds said by the failing rank alone, once: every rank it stops exits quietly.
+_SAID_ONCE = ("input", "interrupt")
 _ABORT, _DONE, _WHERE = "watchdog/abort", "watchdog/done/{}", "watchdog/where/{}"
 _RECORD_TRIES = 3  # replacements of an unsigned abort record before giving up on the store
 _STOPPED_THE_JOB = "_scalegnn_stopped_the_job"
@@ -65,9 +92,11 @@ _STOPPED_THE_JOB = "_scalegnn_stopped_the_job"
 class AbortRecord:
     """Why the job stops: the rank that wrote it, its kind, and the message.
 
-    ``kind`` is ``"input"`` for bad input (a configuration, dataset, grid or checkpoint
-    error): the failing rank reports it, the ranks it stops exit quietly. Any other
-    failure (``"error"``) is said by every rank it stops.
+    ``kind`` (:func:`failure_kind`) is ``"input"`` for bad input (a configuration,
+    dataset, grid or checkpoint error) and ``"interrupt"`` for Ctrl-C outside training:
+    the failing rank reports it, the ranks it stops exit quietly. ``"resource"`` (a rank
+    out of memory, a full disk) and any other failure (``"error"``) are said by every
+    rank they stop. Each kind has its exit code (:data:`EXIT_CODES`).
     """
 
     rank: int
@@ -153,6 +182,69 @@ def stopped_the_job(error: BaseException) -> bool:
     return getattr(error, _STOPPED_THE_JOB, False)
 
 
+#: The messages of torch's CPU allocator when an allocation fails.
+_CPU_ALLOCATOR_FAILURES = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation that failed: Python's or NumPy's
+    ``MemoryError``, ``torch.OutOfMemoryError`` (CUDA's), or the ``RuntimeError`` of
+    torch's CPU allocator.
+
+    >>> is_out_of_memory(MemoryError()), is_out_of_memory(RuntimeError("shape mismatch"))
+    (True, False)
+    """
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        failure in text for failure in _CPU_ALLOCATOR_FAILURES
+    )
+
+
+def failure_kind(error: BaseException) -> str:
+    """The kind of an abort record for ``error`` (:class:`AbortRecord`): ``"input"``,
+    ``"interrupt"`` (``KeyboardInterrupt``), ``"resource"`` (:class:`ResourceError` or
+    :func:`is_out_of_memory`) or ``"error"``.
+
+    >>> failure_kind(KeyboardInterrupt()), failure_kind(MemoryError()), failure_kind(OSError())
+    ('interrupt', 'resource', 'error')
+    """
+    if isinstance(error, InputError):
+        return "input"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupt"
+    if isinstance(error, ResourceError) or is_out_of_memory(error):
+        return "resource"
+    return "error"
+
+
+def say_failure(error: BaseException, rank: int) -> None:
+    """Say on stderr, in one line, a failure that is not a bug (``failure_kind`` other
+    than ``"error"``): bad input as :func:`~dgl_scalegnn.config.say_input_error` says
+    it; an interrupt; a lack of resources, for a rank out of memory with what to change.
+    """
+    kind = failure_kind(error)
+    if kind == "interrupt":
+        print(f"scalegnn: interrupted{f': {error}' if str(error) else ''}", file=sys.stderr)
+    elif kind == "resource" and is_out_of_memory(error):
+        first = next((line for line in str(error).splitlines() if line.strip()), "")
+        what = f"{type(error).__name__}{f': {first.strip()}' if first else ''}"
+        say_input_error(
+            ResourceError(
+                f"rank {rank} ran out of memory ({what}): give each rank more memory: fewer "
+                "ranks a host, a smaller sampling.batch_size, or a grid whose ranks hold "
+                "smaller shares (scalegnn plan ranks the grids by memory)"
+            )
+        )
+    else:
+        say_input_error(error)
+    sys.stderr.flush()
+
+
 def is_communication_error(error: BaseException) -> bool:
     """Whether ``error`` is a collective that broke (a peer left or timed out)."""
     if isinstance(error, dist.DistError):
@@ -198,6 +290,7 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
         self._beats = 0
+        self._stopping, self._said = threading.Lock(), False
 
     def start(self) -> Watchdog:
         with contextlib.suppress(OSError, psutil.Error):  # no /proc: silence means gone
@@ -296,13 +389,18 @@ class Watchdog:
             time.sleep(3 * self.interval)
 
     def _follow(self, record: AbortRecord) -> None:
-        self._abort(record.message, quiet=record.kind == "input")
+        quiet = record.kind in _SAID_ONCE
+        self._abort(record.message, quiet=quiet, code=EXIT_CODES[record.kind])
 
-    def _abort(self, message: str, quiet: bool = False) -> None:
-        if not quiet:
+    def _abort(self, message: str, quiet: bool = False, code: int = ABORT_EXIT_CODE) -> None:
+        # The watchdog's thread and the main thread (after a broken collective) may both
+        # end this process: the first says why, once.
+        with self._stopping:
+            said, self._said = self._said, True
+        if not (quiet or said):
             print(f"[rank {self.rank}] stopping the job: {message}", file=sys.stderr, flush=True)
         self._linger()
-        self._exit(ABORT_EXIT_CODE)
+        self._exit(code)
 
     def await_verdict(self) -> None:
         """After a broken collective: give the watchdogs time to find the rank that left.
@@ -329,22 +427,23 @@ class Watchdog:
         If an earlier record stands (another rank failed or left first, and this one
         broke because of it), this process ends with that record. Otherwise ``error``
         is marked as the job's failure (:func:`stopped_the_job`) and returns to the
-        caller to report; ``bad_input`` makes the ranks it stops exit without a word, so
-        this rank says it at once, before it lingers: a launcher that sees a stopped rank
-        exit may end this one meanwhile (``mpirun`` does), and its message would be lost.
+        caller to report. ``bad_input`` (or an interrupt) makes the ranks it stops exit
+        without a word; a failure other than a bug (:func:`failure_kind`) this rank says
+        at once (:func:`say_failure`), before it lingers: a launcher that sees a stopped
+        rank exit may end this one meanwhile (``mpirun`` does), and its message would be
+        lost.
         """
         self._stop.set()
+        kind = "input" if bad_input else failure_kind(error)
         record = self._record(
             AbortRecord(
-                self.rank,
-                "input" if bad_input else "error",
-                f"rank {self.rank} failed: {type(error).__name__}: {error}",
+                self.rank, kind, f"rank {self.rank} failed: {type(error).__name__}: {error}"
             )
         )
         if record.rank == self.rank:
             setattr(error, _STOPPED_THE_JOB, True)
-            if bad_input:
-                say_input_error(error)
+            if kind != "error":
+                say_failure(error, self.rank)
             self._linger()
         else:
             self._follow(record)
