@@ -41,16 +41,21 @@ done
 # shellcheck disable=SC2016
 per_rank='t=${0#auto}; [ -n "$t" ] || t=$(( $(nproc) / ${OMPI_COMM_WORLD_LOCAL_SIZE:-1} ))
 export OMP_NUM_THREADS=$(( t > 0 ? t : 1 )); exec "$@"'
+# mpirun in a session of its own: a terminal's Ctrl-C reaches this script alone (below).
 # shellcheck disable=SC2086
-"$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} bash -c "$per_rank" "${OMP_NUM_THREADS:-auto}" \
-  "$scalegnn" train --config "$config" --grid "$grid" "$@" &
+setsid "$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} bash -c "$per_rank" \
+  "${OMP_NUM_THREADS:-auto}" "$scalegnn" train --config "$config" --grid "$grid" "$@" &
 ranks=$!
-# Preemption: mpirun kills its ranks 0.2 s after forwarding a SIGTERM it receives, too
-# soon for a checkpoint, but forwards SIGUSR1 and SIGUSR2 untouched. So this script's
-# SIGTERM (scancel, Slurm's time limit, a preemption) reaches the ranks as SIGUSR2,
-# which they take as SIGTERM: checkpoint at the next step, then exit 75.
+# Preemption: mpirun kills its ranks 0.2 s after forwarding a SIGTERM or a SIGINT it
+# receives, too soon for a checkpoint, but forwards SIGUSR1 and SIGUSR2 untouched. So
+# this script's SIGTERM (scancel, Slurm's time limit, a preemption) and first SIGINT
+# (Ctrl-C) reach the ranks as SIGUSR2, which they take as SIGTERM: checkpoint at the
+# next step, then exit 75. A second Ctrl-C goes to mpirun, which ends the ranks at once.
 trap 'kill -USR2 "$ranks" 2>/dev/null' TERM
 trap 'kill -USR1 "$ranks" 2>/dev/null' USR1
+trap 'kill -HUP "$ranks" 2>/dev/null' HUP
+interrupts=0
+trap '((++interrupts > 1)) && signal=INT || signal=USR2; kill -"$signal" "$ranks" 2>/dev/null' INT
 while :; do
   wait "$ranks" && status=0 || status=$?
   kill -0 "$ranks" 2>/dev/null || break # a trapped signal interrupts wait: wait again

@@ -21,9 +21,9 @@ import pytest
 import yaml
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
-from dgl_scalegnn.train.checkpoint import latest_checkpoint
+from dgl_scalegnn.train.checkpoint import choose_checkpoint, latest_checkpoint
 from dgl_scalegnn.train.metrics import read_metrics
-from dgl_scalegnn.train.preemption import PREEMPTED_EXIT_CODE
+from dgl_scalegnn.train.preemption import PREEMPTED_EXIT_CODE, Request, SignalRequests
 from dgl_scalegnn.train.run import run_training
 from dgl_scalegnn.train.trainer import Trainer
 from tests.helpers import ROOT, launched, stand_in_slurm, step_losses, train_through_cli
@@ -150,7 +150,7 @@ def test_one_process_checkpoints_on_sigusr1_and_stops_on_sigterm(tmp_path, unint
     assert code == PREEMPTED_EXIT_CODE, output
     assert "training goes on" in note["message"]
     stopped_at = _stopped_step(tmp_path)
-    assert f"stopped by SIGTERM/SIGUSR2 after global step {stopped_at}" in output
+    assert f"stopped by SIGTERM/SIGUSR2/SIGINT after global step {stopped_at}" in output
     checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
     usr1_step = int(checkpoints[0].split("_")[1])
     assert f"global step {usr1_step} " in note["message"] and usr1_step < stopped_at
@@ -201,7 +201,7 @@ def test_torchrun_forwards_sigterm_and_every_worker_stops_after_its_checkpoint(
     # (torchrun exits 1 after a signal, with its own SignalException.)
     assert not still_running, output
     stopped_at = _stopped_step(tmp_path)
-    assert f"stopped by SIGTERM/SIGUSR2 after global step {stopped_at}" in output
+    assert f"stopped by SIGTERM/SIGUSR2/SIGINT after global step {stopped_at}" in output
     _check_resume_matches_uninterrupted(
         tmp_path, config, uninterrupted, step_losses(read_metrics(metrics)), stopped_at
     )
@@ -275,3 +275,58 @@ def test_a_signal_during_an_evaluation_or_a_checkpoint_is_honoured_right_after_i
     monkeypatch.setattr(Trainer, busy, signalled)
     summary = run_training(config_from_mapping(config), str(tmp_path / "job.jsonl"))
     assert summary["preempted"]["step"] == summary["steps"] == 3
+
+
+@pytest.fixture
+def ctrl_c_reaches_children():
+    """What this test starts takes SIGINT as a terminal's foreground job does: a test
+    process run in the background ignores SIGINT, and what it starts would inherit that."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _stopped_by_ctrl_c(tmp_path, output: str) -> int:
+    """The step the job stopped at, after checking that it stopped as SIGTERM stops it:
+    the one-line message, a whole checkpoint of that step, no trace."""
+    stopped_at = _stopped_step(tmp_path)
+    assert f"stopped by SIGTERM/SIGUSR2/SIGINT after global step {stopped_at}" in output
+    assert choose_checkpoint(tmp_path / "run" / "checkpoints").note() is None
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    return stopped_at
+
+
+def test_ctrl_c_on_one_process_checkpoints_and_stops_as_sigterm(tmp_path, ctrl_c_reaches_children):
+    metrics = tmp_path / "job.jsonl"
+    argv = [sys.executable, "-m", "dgl_scalegnn.cli", "train", "--config"]
+    argv += [str(_write(tmp_path, _config(tmp_path))), "--metrics", str(metrics)]
+    with launched(argv) as process:
+        _wait_for_steps(metrics, 5, lambda: process.poll() is None)
+        os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: its foreground group
+        code, output = _finish(process)
+    assert code == PREEMPTED_EXIT_CODE, output
+    stopped_at = _stopped_by_ctrl_c(tmp_path, output)
+    assert read_metrics(metrics, "summary")[0]["preempted"]["step"] == stopped_at
+
+
+def test_ctrl_c_to_the_mpirun_script_checkpoints_and_stops(tmp_path, ctrl_c_reaches_children):
+    """mpirun kills its ranks at once on a SIGINT and cannot forward one: launch/mpirun.sh
+    keeps the terminal's Ctrl-C from mpirun and hands it to the ranks as SIGUSR2."""
+    metrics = tmp_path / "job.jsonl"
+    argv = ["bash", str(ROOT / "launch" / "mpirun.sh"), "2", GRID]
+    argv += [str(_write(tmp_path, _config(tmp_path))), "--metrics", str(metrics)]
+    with launched(argv) as process:
+        _wait_for_steps(metrics, 5, lambda: process.poll() is None)
+        os.killpg(process.pid, signal.SIGINT)  # the script's group, as a terminal sends it
+        code, output = _finish(process)
+    assert code == PREEMPTED_EXIT_CODE, output
+    stopped_at = _stopped_by_ctrl_c(tmp_path, output)
+    assert len(step_losses(read_metrics(metrics))) == stopped_at
+
+
+def test_a_second_ctrl_c_stops_at_once():
+    requests = SignalRequests()
+    requests.record(signal.SIGINT, None)
+    assert requests.take() == Request.STOP and requests.name(Request.STOP) == "SIGINT"
+    with pytest.raises(KeyboardInterrupt, match="a second Ctrl-C: stopped at once"):
+        requests.record(signal.SIGINT, None)

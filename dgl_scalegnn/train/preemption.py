@@ -16,6 +16,10 @@ signal       at the next step boundary
 ``SIGUSR2``  the same as ``SIGTERM``. Open MPI's ``mpirun`` kills its ranks 0.2 s after
              it forwards a ``SIGTERM`` it receives itself, but forwards ``SIGUSR2``
              untouched: ``launch/mpirun.sh`` turns its own ``SIGTERM`` into one.
+``SIGINT``   (Ctrl-C) the same as ``SIGTERM``; a second one stops at once, without a
+             checkpoint (``KeyboardInterrupt``). ``mpirun`` cannot forward it (it
+             kills its ranks instead): ``launch/mpirun.sh`` hands the first to its
+             ranks as ``SIGUSR2``.
 ===========  =======================================================================
 
 A signal may reach one rank or all of them; the ranks agree on the strongest request
@@ -60,6 +64,7 @@ _REQUEST_OF_SIGNAL = {
     signal.SIGUSR1: Request.CHECKPOINT,
     signal.SIGTERM: Request.STOP,
     signal.SIGUSR2: Request.STOP,
+    signal.SIGINT: Request.STOP,
 }
 
 
@@ -86,9 +91,15 @@ class SignalRequests:
         self._received = dict.fromkeys(Request, 0)
         self._taken = dict.fromkeys(Request, 0)
         self._names: dict[Request, str] = {}
+        self._interrupts = 0
 
     def record(self, signum: int, frame: FrameType | None) -> None:
-        """The signal handler."""
+        """The signal handler. A second ``SIGINT`` raises ``KeyboardInterrupt``: a person
+        who presses Ctrl-C again wants the job to stop now, not at the step boundary."""
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts > 1:
+                raise KeyboardInterrupt("a second Ctrl-C: stopped at once, without a checkpoint")
         request = _REQUEST_OF_SIGNAL[signal.Signals(signum)]
         self._names[request] = signal.Signals(signum).name
         self._received[request] += 1
@@ -108,8 +119,8 @@ class SignalRequests:
 
     @contextmanager
     def installed(self) -> Iterator[SignalRequests]:
-        """Handle ``SIGTERM``, ``SIGUSR1`` and ``SIGUSR2`` while the block runs; the
-        previous handlers come back afterwards. Signals are delivered to the main thread
+        """Handle ``SIGTERM``, ``SIGUSR1``, ``SIGUSR2`` and ``SIGINT`` while the block runs;
+        the previous handlers come back afterwards. Signals are delivered to the main thread
         only, so elsewhere (a test driving a trainer from a thread) nothing is installed."""
         if threading.current_thread() is not threading.main_thread():
             yield self

@@ -618,7 +618,7 @@ class Trainer:
 
     def _act_on_request(self) -> None:
         """Checkpoint for ``SIGUSR1``; checkpoint and stop (:class:`Preempted`) for
-        ``SIGTERM`` / ``SIGUSR2``. Every rank holds the same agreed request."""
+        ``SIGTERM`` / ``SIGUSR2`` / ``SIGINT``. Every rank holds the same agreed request."""
         request, self._request = self._request, Request.NONE
         if request == Request.NONE:
             return
@@ -632,8 +632,8 @@ class Trainer:
             self.metrics.note(f"SIGUSR1: {where}; training goes on")
             return
         raise Preempted(
-            f"stopped by SIGTERM/SIGUSR2 after global step {step}: {where}; continue with "
-            f"--resume (exit code {PREEMPTED_EXIT_CODE})",
+            f"stopped by SIGTERM/SIGUSR2/SIGINT after global step {step}: {where}; continue "
+            f"with --resume (exit code {PREEMPTED_EXIT_CODE})",
             None if written is None else str(written),
         )
 
