@@ -201,6 +201,7 @@ def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
 def _parser() -> argparse.ArgumentParser:
     import dgl_scalegnn
     from dgl_scalegnn.data.streaming import DEFAULT_MEMORY_GB
+    from dgl_scalegnn.train.plan import MAX_PLAN_RANKS
 
     parser = argparse.ArgumentParser(
         prog="scalegnn",
@@ -283,7 +284,13 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument("--config", help="YAML config file (defaults for anything it omits)")
-    plan.add_argument("--gpus", type=int, required=True, metavar="N", help="number of ranks")
+    plan.add_argument(
+        "--gpus",
+        type=int,
+        required=True,
+        metavar="N",
+        help=f"number of ranks, 1 to {MAX_PLAN_RANKS:,}",
+    )
     plan.add_argument(
         "--gpu",
         choices=("a100", "h100", "cpu"),
@@ -292,7 +299,7 @@ def _parser() -> argparse.ArgumentParser:
         "one, a rank a core); default a100",
     )
     plan.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
-    plan.add_argument("--top", type=int, default=10, help="grids to list (default 10)")
+    plan.add_argument("--top", type=int, default=10, help="grids to list, at least 1 (default 10)")
     plan.set_defaults(handler=_plan)
 
     report = commands.add_parser(

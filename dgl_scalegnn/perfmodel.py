@@ -168,19 +168,32 @@ class _Rank:
         return stop - start
 
     def sent(self, src: Layout, dst: Layout, width: int) -> float:
-        """Expected elements this rank sends to the others when a matrix moves src -> dst."""
+        """Expected elements this rank sends to the others when a matrix moves src -> dst:
+        to each TP peer with its coordinate along ``src.rep``, the rows and columns their
+        blocks share. That sum over the peers is a product of one sum per axis (a sum of
+        overlaps with every block of an axis is this rank's own extent), less this
+        rank's own term: no loop over the TP grid."""
         shape, me, work = self.shape, self.coords, self.work
         my_rows = self.vertex_range(src.rows)
         my_cols = block_range(width, shape.size(src.cols), me.along(src.cols))
-        sent = 0.0
-        for tp_index in range(shape.tp_size):
-            peer = shape.coords(me.d * shape.tp_size + tp_index)
-            if peer == me or peer.along(src.rep) != me.along(src.rep):
-                continue
-            rows = _overlap(my_rows, self.vertex_range(dst.rows, peer.along(dst.rows)))
-            dst_cols = block_range(width, shape.size(dst.cols), peer.along(dst.cols))
-            sent += work.batch_size * rows / work.num_nodes * _overlap(my_cols, dst_cols)
-        return sent
+        peers, own = 1, 1
+        for axis in Axis:
+            index = me.along(axis)
+            here = 1  # the factor of the peer at this rank's index along the axis
+            if axis == dst.rows:
+                here = _overlap(my_rows, self.vertex_range(dst.rows, index))
+            elif axis == dst.cols:
+                here = _overlap(my_cols, block_range(width, shape.size(dst.cols), index))
+            own *= here
+            if axis == src.rep:
+                peers *= here
+            elif axis == dst.rows:
+                peers *= my_rows[1] - my_rows[0]
+            elif axis == dst.cols:
+                peers *= my_cols[1] - my_cols[0]
+            else:
+                peers *= shape.size(axis)
+        return work.batch_size * (peers - own) / work.num_nodes
 
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> int:

@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
+import os
+import signal
+import subprocess
 import time
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.cli import main
+from dgl_scalegnn.cli import BROKEN_PIPE_EXIT_CODE, main
 from dgl_scalegnn.config import ModelConfig, load_config
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.normalize import gcn_normalize
 from dgl_scalegnn.perfmodel import Hardware, Workload, memory_bytes, step_time
 from dgl_scalegnn.train.defaults import GraphShape, apply_graph_defaults
-from dgl_scalegnn.train.plan import MACHINES, Machine, machine, plan_lines, rank_grids
-from tests.helpers import random_dataset
+from dgl_scalegnn.train.plan import (
+    MACHINES,
+    MAX_PLAN_RANKS,
+    Machine,
+    grid_shapes,
+    machine,
+    plan_grid,
+    plan_lines,
+    rank_grids,
+)
+from tests.helpers import VENV_BIN, random_dataset
 
 WORK = Workload(
     num_nodes=20_000,
@@ -96,7 +109,7 @@ def test_plan_answers_for_8_and_512_gpus(capsys):
 def test_plan_refuses_no_ranks_in_one_line(capsys):
     assert main(["plan", "--gpus", "0"]) == 2
     assert capsys.readouterr().err == (
-        "scalegnn: error: --gpus: got 0; give the number of ranks, at least 1\n"
+        "scalegnn: error: --gpus: got 0; give the number of ranks, 1 to 65,536\n"
     )
 
 
@@ -132,3 +145,67 @@ def test_where_no_shape_fits_the_one_nearest_to_fitting_leads():
     assert all(plan.fits for plan in fitting)
     assert [p.epoch_s for p in fitting] == sorted(p.epoch_s for p in fitting)
     assert str(fitting[0].grid) != str(plans[0].grid)  # the switch changed the leader
+
+
+@contextlib.contextmanager
+def _within(seconds: int):
+    """Fail (TimeoutError) instead of hanging if the block runs longer than ``seconds``."""
+
+    def late(signum, frame):
+        raise TimeoutError(f"no answer within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_plan_refuses_more_ranks_than_its_maximum_in_one_line(capsys):
+    for gpus in (3656158440062976, 1_000_000_000, MAX_PLAN_RANKS + 1):
+        with _within(10):
+            assert main(["plan", "--gpus", str(gpus)]) == 2
+        assert capsys.readouterr().err == (
+            f"scalegnn: error: --gpus: got {gpus:,}; give the number of ranks, 1 to 65,536\n"
+        )
+
+
+def test_plan_refuses_a_top_below_one(capsys):
+    for top in (-1, 0):
+        assert main(["plan", "--gpus", "8", "--top", str(top)]) == 2
+        assert capsys.readouterr().err == (
+            f"scalegnn: error: --top: got {top}; give how many grids to list, at least 1\n"
+        )
+
+
+def test_the_shapes_of_many_ranks_are_enumerated_and_costed_in_bounded_time():
+    """2**40 ranks have C(43, 3) shapes (the exponents of the four axes sum to 40); their
+    enumeration takes the divisors up to the square root, not every number below. A
+    shape of 262,144 ranks is costed without a loop over its TP grid."""
+    with _within(10):
+        shapes = grid_shapes(2**40)
+    assert len(shapes) == len({str(s) for s in shapes}) == math.comb(43, 3)
+    assert all(s.world_size == 2**40 for s in shapes)
+    start = time.perf_counter()
+    plan = plan_grid(WORK, GridShape(1, 64, 64, 64), MACHINES["a100"], tf32=True)
+    assert time.perf_counter() - start < 2 and plan.step_bytes["tp"] > 0
+
+
+def test_plan_into_a_reader_that_left_ends_quietly(tmp_path):
+    """`scalegnn plan ... | head -1`: head leaves after its line; plan must end without a
+    BrokenPipeError trace, as a tool that SIGPIPE ends (exit code 141)."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has left before plan writes
+    try:
+        result = subprocess.run(
+            [str(VENV_BIN / "scalegnn"), "plan", "--gpus", "8"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert (result.returncode, result.stderr) == (BROKEN_PIPE_EXIT_CODE, "")

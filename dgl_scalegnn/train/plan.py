@@ -84,6 +84,10 @@ __all__ = [
 #: The share of a rank's memory the model's estimate may take (the rest: allocator
 #: slack, the interpreter, communication buffers).
 FIT_SHARE = 0.9
+#: The most ranks ``scalegnn plan`` ranks the grids of: more GPUs than one job gets on
+#: today's largest machines. Every shape is costed, and a count below it has at most
+#: 26,880 shapes (60,480 ranks); a power of two, at most 969.
+MAX_PLAN_RANKS = 2**16
 
 
 @dataclass(frozen=True)
@@ -169,20 +173,30 @@ class GridPlan:
         return (not self.fits, *speed, self.memory, str(self.grid))
 
 
+def _divisors(count: int) -> list[int]:
+    """The divisors of ``count``, ascending, by trial division up to its square root.
+
+    >>> _divisors(12), _divisors(1)
+    ([1, 2, 3, 4, 6, 12], [1])
+    """
+    small = [k for k in range(1, math.isqrt(count) + 1) if count % k == 0]
+    return small + [count // k for k in reversed(small) if k * k != count]
+
+
 def grid_shapes(ranks: int) -> list[GridShape]:
-    """Every shape ``Gd x Gx x Gy x Gz`` whose product is ``ranks``.
+    """Every shape ``Gd x Gx x Gy x Gz`` whose product is ``ranks`` (each axis a divisor of
+    what the axes before it leave).
 
     >>> [str(shape) for shape in grid_shapes(2)]
     ['1x1x1x2', '1x1x2x1', '1x2x1x1', '2x1x1x1']
     """
-    divisors = [k for k in range(1, ranks + 1) if ranks % k == 0]
-    return [
-        GridShape(dp, x, y, ranks // (dp * x * y))
-        for dp in divisors
-        for x in divisors
-        for y in divisors
-        if ranks % (dp * x * y) == 0
-    ]
+    of_ranks = _divisors(ranks)
+    shapes = []
+    for dp in of_ranks:
+        for x in (k for k in of_ranks if ranks // dp % k == 0):
+            rest = ranks // (dp * x)
+            shapes += [GridShape(dp, x, y, rest // y) for y in of_ranks if rest % y == 0]
+    return shapes
 
 
 def _eval_chunk_rows(work: Workload, shape: GridShape, spec: Machine, memory: dict) -> int:
@@ -407,8 +421,12 @@ def plan_lines(plans: list[GridPlan], work: Workload, spec: Machine, top: int = 
 def plan_report(cfg: Config, ranks: int, machine_name: str, top: int = 10) -> list[str]:
     """What ``scalegnn plan`` prints: the machine, the graph and the model, the table of
     :func:`plan_lines` and the reason the first grid wins."""
-    if ranks < 1:
-        raise ConfigError(f"--gpus: got {ranks}; give the number of ranks, at least 1")
+    if not 1 <= ranks <= MAX_PLAN_RANKS:
+        raise ConfigError(
+            f"--gpus: got {ranks:,}; give the number of ranks, 1 to {MAX_PLAN_RANKS:,}"
+        )
+    if top < 1:
+        raise ConfigError(f"--top: got {top}; give how many grids to list, at least 1")
     spec = machine(machine_name, ranks)
     work, cfg, graph = workload(cfg, spec)
     setting = cfg.parallel.tf32
