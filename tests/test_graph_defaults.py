@@ -12,9 +12,11 @@ from dgl_scalegnn.cli import main as cli_main
 from dgl_scalegnn.config import ConfigError, config_from_mapping, load_config
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.graph import DatasetError
+from dgl_scalegnn.train import defaults
 from dgl_scalegnn.train.defaults import GraphShape, apply_graph_defaults
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.helpers import ROOT, random_dataset
+from tests.ranks import spawn_ranks
 
 GIB = 2**30
 
@@ -95,7 +97,7 @@ SHAPE = GraphShape(num_nodes=2995, nnz=19311, num_features=2879, num_classes=7)
 
 def test_a_config_with_only_data_takes_the_recipe_full_batch():
     cfg = config_from_mapping({"data": {"name": "dgl", "path": "g.bin"}})
-    resolved, derived = apply_graph_defaults(cfg, SHAPE, available_bytes=16 * GIB)
+    resolved, derived = apply_graph_defaults(cfg, SHAPE, rank_memory=16 * GIB)
     assert resolved.sampling.batch_size == 2995
     assert (resolved.train.epochs, resolved.optim.lr, resolved.optim.lr_schedule) == (
         200,
@@ -112,7 +114,7 @@ def test_a_config_with_only_data_takes_the_recipe_full_batch():
 
 def test_a_graph_that_does_not_fit_takes_mini_batches_of_a_hundredth():
     cfg = config_from_mapping({"data": {"name": "dgl", "path": "g.bin"}})
-    resolved, derived = apply_graph_defaults(cfg, SHAPE, available_bytes=100 * 2**20)
+    resolved, derived = apply_graph_defaults(cfg, SHAPE, rank_memory=100 * 2**20)
     assert resolved.sampling.batch_size == 30  # ceil(2995 / 100)
     assert (resolved.train.epochs, resolved.optim.lr_schedule) == (10, "cosine")
     assert {d.key: d.reason for d in derived}["sampling.batch_size"].startswith(
@@ -129,7 +131,7 @@ def test_explicit_values_win_and_synthetic_keeps_its_defaults():
             "optim": {"lr": 0.003},
         }
     )
-    resolved, derived = apply_graph_defaults(cfg, SHAPE, available_bytes=16 * GIB)
+    resolved, derived = apply_graph_defaults(cfg, SHAPE, rank_memory=16 * GIB)
     assert resolved.model.hidden == 32 and resolved.model.input_projection
     assert resolved.sampling.batch_size == 500 and resolved.optim.lr == 0.003
     assert not {"model.hidden", "sampling.batch_size", "optim.lr"} & {d.key for d in derived}
@@ -145,7 +147,7 @@ def test_shipped_configs_of_read_graphs_derive_nothing_but_the_feature_scaling()
     read = [cfg for cfg in shipped if cfg.data.name != "synthetic"]
     assert len(read) >= 8
     for cfg in read:
-        resolved, derived = apply_graph_defaults(cfg, SHAPE, available_bytes=16 * GIB)
+        resolved, derived = apply_graph_defaults(cfg, SHAPE, rank_memory=16 * GIB)
         assert [(d.key, d.value) for d in derived] == [("data.feature_norm", "none")]
         assert (resolved.model, resolved.optim, resolved.sampling, resolved.train) == (
             cfg.model,
@@ -225,3 +227,41 @@ def test_the_defaults_reach_dgls_recipe_on_cora_ml(tmp_path):
     overrides = ["data.name=dgl", f"data.path={path}", "train.progress=false"]
     accuracy = run_training(load_config(None, [*overrides, "train.eval_every=5"]))
     assert accuracy["test_at_best_val"] >= DGL_RECIPE_CORA_ML - 0.01, accuracy
+
+
+# ----------------------------------------------------------------- derived, whatever is free
+
+
+def test_a_ranks_budget_is_its_share_of_the_total_memory_not_of_what_is_free(monkeypatch):
+    """MemTotal shared by the host's ranks, capped by the job's control-group limit; free
+    memory (MemAvailable) plays no part."""
+    meminfo = {"MemTotal": 64 * GIB, "MemAvailable": 2**20}
+    monkeypatch.setattr(defaults, "_meminfo_bytes", meminfo.get)
+    monkeypatch.setattr(defaults, "_control_group_limit", lambda: None)
+    assert defaults.memory_budget_bytes("cpu", 2) == 32 * GIB
+    assert defaults.available_bytes("cpu", 2) == 2**19  # what the safety checks read
+    monkeypatch.setattr(defaults, "_control_group_limit", lambda: 16 * GIB)  # Slurm's --mem
+    assert defaults.memory_budget_bytes("cpu", 4) == 4 * GIB
+
+
+def test_the_same_graph_derives_the_same_batch_on_one_and_two_ranks_however_little_is_free(
+    tmp_path, monkeypatch
+):
+    """A host with 1 MiB free (another job, a rank still loading): the 97-vertex graph
+    still trains full batch at a constant rate, on one rank and on two (each half the
+    host's total), where free memory made a start-up derive mini-batches of N/100 with a
+    cosine schedule."""
+    path = _graph_file(tmp_path, _positive_graph())
+    argv = ["train", "--data", path, "--set", "train.max_steps=1"]
+    argv += ["--set", "train.evaluate=false", "--set", "train.progress=false"]
+    monkeypatch.setattr(defaults, "available_bytes", lambda device="cpu", local_ranks=1: 2**20)
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    assert cli_main([*argv, "--metrics", str(one)]) == 0
+    argv += ["--grid", "1x1x1x2", "--metrics", str(two)]
+    spawn_ranks(2, "tests.workers.short_of_memory:main", [argv, 1, 2**20], tmp_path / "ranks")
+    settings = [read_metrics(metrics, "derived")[0]["settings"] for metrics in (one, two)]
+    assert settings[0] == settings[1]
+    assert (settings[0]["sampling.batch_size"], settings[0]["optim.lr_schedule"]) == (
+        97,
+        "constant",
+    )

@@ -9,9 +9,13 @@ graph of ``make bench-real`` (``docs/results.md``):
 
 Batch
     Full batch (:math:`B = N`) when a full-batch step fits: its estimated working set
-    (:func:`full_batch_bytes`) is at most a quarter of the memory available to a rank
-    (the least over the ranks). Otherwise :math:`B = \lceil N / 100 \rceil`, the
-    batch the 1M-vertex benchmarks chose.
+    (:func:`full_batch_bytes`) is at most a quarter of a rank's memory budget
+    (:func:`memory_budget_bytes`, the least over the ranks): its GPU's total memory, or
+    its share of its host's total memory (capped by the job's control-group limit), never
+    what happens to be free at start-up, so that a graph derives the same settings
+    however busy the host is, on one rank as on two of one host while a quarter of the
+    share still holds the step. Otherwise :math:`B = \lceil N / 100 \rceil`, the batch
+    the 1M-vertex benchmarks chose.
 Steps and learning rate
     Full batch: 200 epochs of one step at a constant 0.01 (DGL's GCN recipe). Mini-batches:
     10 epochs of 100 steps, 0.01 on a cosine decay over those 1,000 steps (noisy steps
@@ -31,12 +35,12 @@ Example
 >>> from dgl_scalegnn.config import config_from_mapping
 >>> cfg = config_from_mapping({"data": {"name": "dgl", "path": "g.bin"}, "model": {"hidden": 32}})
 >>> shape = GraphShape(num_nodes=2995, nnz=19311, num_features=2879, num_classes=7)
->>> resolved, derived = apply_graph_defaults(cfg, shape, available_bytes=16 * 2**30)
+>>> resolved, derived = apply_graph_defaults(cfg, shape, rank_memory=16 * 2**30)
 >>> resolved.sampling.batch_size, resolved.model.hidden, resolved.train.epochs
 (2995, 32, 200)
 >>> print(derived[0].reason.replace(", under", "\nunder"))
 full batch: a step over all 2,995 vertices needs about 0.11 GB
-under a quarter of the 17.2 GB available
+under a quarter of a rank's 17.2 GB (its share of its host's or GPU's total memory)
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -60,11 +65,13 @@ __all__ = [
     "full_batch_bytes",
     "available_bytes",
     "agreed_available_bytes",
+    "memory_budget_bytes",
+    "agreed_memory_budget",
     "apply_graph_defaults",
 ]
 
-#: Of the memory available to a rank, the share a full-batch step may take (the rest
-#: holds evaluation's activations, the interpreter and the allocator's slack).
+#: Of a rank's memory budget, the share a full-batch step may take (the rest holds
+#: evaluation's activations, the interpreter and the allocator's slack).
 FIT_SHARE = 0.25
 #: Mini-batches hold this fraction of the vertices where a full batch does not fit.
 MINI_BATCH_FRACTION = 1 / 100
@@ -133,41 +140,112 @@ def full_batch_bytes(shape: GraphShape, hidden: int, layers: int) -> int:
     return activations + 2 * 12 * shape.nnz
 
 
-def available_bytes(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:
-    """Memory this rank may use: free GPU memory on CUDA, else the node's available
-    memory (``MemAvailable``) shared by the ``local_ranks`` ranks on the node."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+def _meminfo_bytes(field: str) -> int | None:
+    """``field`` of ``/proc/meminfo`` in bytes (``None`` where it cannot be read)."""
     try:
         with open("/proc/meminfo") as meminfo:
             fields = dict(line.split(":", 1) for line in meminfo)
-        total = int(fields["MemAvailable"].split()[0]) * 1024
+        return int(fields[field].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
+        return None
+
+
+def available_bytes(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:
+    """Memory this rank can use now, for a safety check (what a layer-wise evaluation
+    may take): free GPU memory on CUDA, else the node's available memory
+    (``MemAvailable``) shared by the ``local_ranks`` ranks on the node. It follows what
+    other processes hold at the moment: settings derive from
+    :func:`memory_budget_bytes` instead."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    total = _meminfo_bytes("MemAvailable")
+    if total is None:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
     return total // max(local_ranks, 1)
 
 
-def agreed_available_bytes(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:
-    """:func:`available_bytes`, the least over every rank (one all-reduce), so that every
-    rank derives the same settings."""
-    mine = available_bytes(device, local_ranks)
-    mine = torch.tensor([float(mine)], dtype=torch.float64, device=torch.device(device))
+def _control_group_limit() -> int | None:
+    """The tightest memory limit of this process's control groups and their ancestors
+    (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``: what Slurm's ``--mem`` or a
+    container's limit sets), or ``None`` where none is set or readable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, group = line.split(":", 2)
+        if not controllers:
+            root, name = Path("/sys/fs/cgroup"), "memory.max"
+        elif "memory" in controllers.split(","):
+            root, name = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"
+        else:
+            continue
+        directory = root / group.lstrip("/")
+        for folder in (directory, *directory.parents):
+            if not folder.is_relative_to(root):
+                break
+            try:
+                text = (folder / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():  # v2 says "max" where it sets none
+                limits.append(int(text))
+    return min(limits, default=None)
+
+
+def memory_budget_bytes(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:
+    """Memory a rank plans with when settings are derived: its GPU's total memory on
+    CUDA, else its host's total memory (``MemTotal``, or the job's control-group limit
+    where that is less) shared by the ``local_ranks`` ranks on the host.
+
+    Fixed for the machine and the job: unlike :func:`available_bytes` it does not follow
+    what other processes happen to hold at start-up (a rank still loading, another job),
+    so a graph derives the same settings on a busy host as on an idle one.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    total = _meminfo_bytes("MemTotal")
+    if total is None:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = _control_group_limit()
+    if limit is not None:
+        total = min(total, limit)
+    return total // max(local_ranks, 1)
+
+
+def _least_over_world(count: int, device: torch.device | str) -> int:
+    """The least of every rank's ``count`` (one all-reduce)."""
+    mine = torch.tensor([float(count)], dtype=torch.float64, device=torch.device(device))
     return int(reduce_over_world(mine, dist.ReduceOp.MIN).item())
+
+
+def agreed_available_bytes(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:
+    """:func:`available_bytes`, the least over every rank, so that every rank takes the
+    same decision from it."""
+    return _least_over_world(available_bytes(device, local_ranks), device)
+
+
+def agreed_memory_budget(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:
+    """:func:`memory_budget_bytes`, the least over every rank, so that every rank
+    derives the same settings."""
+    return _least_over_world(memory_budget_bytes(device, local_ranks), device)
 
 
 def _gigabytes(count: float) -> str:
     return f"{count / 1e9:.2f} GB" if count < 1e9 else f"{count / 1e9:.1f} GB"
 
 
-def _rule(cfg: Config, shape: GraphShape, available: int) -> list[Derived]:
+def _rule(cfg: Config, shape: GraphShape, rank_memory: int) -> list[Derived]:
     """Every derived setting with its reason (before the config's own values win)."""
     n = shape.num_nodes
     hidden = cfg.model.hidden if "model.hidden" in cfg.explicit else _MODEL["model.hidden"]
     layers = cfg.model.layers if "model.layers" in cfg.explicit else _MODEL["model.layers"]
     need = full_batch_bytes(shape, hidden, layers)
-    where = f"the {_gigabytes(available)} available"
-    if need <= FIT_SHARE * available:
+    where = f"a rank's {_gigabytes(rank_memory)} (its share of its host's or GPU's total memory)"
+    if need <= FIT_SHARE * rank_memory:
         batch = Derived(
             "sampling.batch_size",
             n,
@@ -202,16 +280,17 @@ def _rule(cfg: Config, shape: GraphShape, available: int) -> list[Derived]:
 
 
 def apply_graph_defaults(
-    cfg: Config, shape: GraphShape, available_bytes: int
+    cfg: Config, shape: GraphShape, rank_memory: int
 ) -> tuple[Config, list[Derived]]:
-    """``cfg`` with every derived setting the config does not set, and those settings.
+    """``cfg`` with every derived setting the config does not set, and those settings,
+    for ranks of ``rank_memory`` bytes each (:func:`agreed_memory_budget`).
 
     The synthetic generator keeps the dataclass defaults (its presets were tuned on them):
     nothing is derived for ``data.name: synthetic``.
     """
     if cfg.data.name == "synthetic":
         return cfg, []
-    derived = [d for d in _rule(cfg, shape, available_bytes) if d.key not in cfg.explicit]
+    derived = [d for d in _rule(cfg, shape, rank_memory) if d.key not in cfg.explicit]
     if cfg.data.feature_norm == "auto":
         norm = cfg.data.resolved_feature_norm()
         derived.append(Derived("data.feature_norm", norm, f"auto: {_NORM_REASON[norm]}"))

@@ -28,7 +28,7 @@ Machines (one rank per GPU, or per core for ``cpu``), rates as a rank sees them:
     DGX-like nodes of 8 H100 80 GB: 350 GB/s over NVLink, 50 GB/s per GPU across nodes
     (one 400 Gb/s NIC each), 10 us; 67 TFLOP/s float32 (495 with TF32), 3.35 TB/s.
 ``cpu``
-    Nodes like this machine, one rank per core and its share of the available memory:
+    Nodes like this machine, one rank per core and its share of the total memory:
     gloo at 5 GB/s inside a node, 1.25 GB/s across (10 Gb/s Ethernet), 50 us; 50 GFLOP/s
     and 10 GB/s a core.
 
@@ -64,9 +64,10 @@ from dgl_scalegnn.perfmodel import (
     step_time,
 )
 from dgl_scalegnn.sampling.full_graph import default_chunk_rows
-from dgl_scalegnn.train.defaults import GraphShape, apply_graph_defaults, available_bytes
+from dgl_scalegnn.train.defaults import GraphShape, apply_graph_defaults, memory_budget_bytes
 
 __all__ = [
+    "MAX_PLAN_RANKS",
     "Machine",
     "MACHINES",
     "machine",
@@ -142,7 +143,7 @@ def machine(name: str, ranks: int) -> Machine:
         raise ConfigError(f"--gpu: got {name!r}; choose one of a100, h100, cpu")
     cores = os.cpu_count() or 1
     per_node = min(cores, ranks)
-    memory = available_bytes("cpu", per_node)
+    memory = memory_budget_bytes("cpu", per_node)
     return Machine("cpu", cores, 5e9, 1.25e9, 50e-6, 50e9, 50e9, 10e9, memory)
 
 

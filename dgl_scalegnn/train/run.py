@@ -43,7 +43,7 @@ from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.console import Console
 from dgl_scalegnn.train.defaults import (
     GraphShape,
-    agreed_available_bytes,
+    agreed_memory_budget,
     apply_graph_defaults,
 )
 from dgl_scalegnn.train.metrics import MetricsWriter, run_directory
@@ -159,8 +159,8 @@ def with_graph_defaults(
     meta = graph.meta
     shape = GraphShape(meta.num_nodes, meta.nnz, meta.num_features, meta.num_classes)
     local_ranks = session.launch.local_world_size or 1
-    available = agreed_available_bytes(session.device, local_ranks)
-    resolved, derived = apply_graph_defaults(cfg, shape, available)
+    rank_memory = agreed_memory_budget(session.device, local_ranks)
+    resolved, derived = apply_graph_defaults(cfg, shape, rank_memory)
     if derived:  # the console says each, with why
         metrics.write(
             "derived",
