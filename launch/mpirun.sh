@@ -10,11 +10,13 @@
 #   MPIRUN_ARGS  extra mpirun options (hostfile, --map-by, --bind-to, ...)
 #   OMP_NUM_THREADS  threads per rank (default: its node's cores / the ranks on that node)
 # Ranks fill each node's slots (the hostfile's or the allocation's), unbound; every rank
-# gets PATH, MASTER_ADDR, MASTER_PORT, LD_LIBRARY_PATH, OMP_WAIT_POLICY and the NCCL_*,
-# CUDA_* and SCALEGNN_* variables that are set here.
+# gets PATH, PYTHONPATH, MASTER_ADDR, MASTER_PORT, LD_LIBRARY_PATH, OMP_WAIT_POLICY and
+# the NCCL_*, CUDA_*, GLOO_*, TORCH_*, PYTORCH_*, TORCHINDUCTOR_*, TRITON_* and
+# SCALEGNN_* variables that are set here (mpirun hands a rank on another host only those
+# it is told to).
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,14p' "$0" >&2
+  sed -n '2,16p' "$0" >&2
   exit 2
 fi
 np=$1 grid=$2 config=$3
@@ -32,8 +34,10 @@ extra=()
 # Only variables that are set: `-x NAME` of an unset one makes mpirun warn.
 for name in $(compgen -e); do
   case $name in
-    PATH | MASTER_ADDR | MASTER_PORT | LD_LIBRARY_PATH | OMP_WAIT_POLICY) extra+=(-x "$name") ;;
-    NCCL_* | CUDA_* | SCALEGNN_*) extra+=(-x "$name") ;;
+    PATH | PYTHONPATH | MASTER_ADDR | MASTER_PORT | LD_LIBRARY_PATH | OMP_WAIT_POLICY)
+      extra+=(-x "$name") ;;
+    NCCL_* | CUDA_* | GLOO_* | TORCH_* | PYTORCH_* | TORCHINDUCTOR_* | TRITON_* | SCALEGNN_*)
+      extra+=(-x "$name") ;;
   esac
 done
 # Threads per rank: the cores of its node over the ranks placed there, which only the

@@ -35,7 +35,10 @@ if [ "${#nodes[@]}" -gt 1 ]; then
   MASTER_ADDR=${source:-$MASTER_ADDR}
 fi
 export MASTER_ADDR
-export MASTER_PORT=${MASTER_PORT:-29500}
+# One port per job, from its id (below the kernel's ephemeral ports, 32768 and up): two
+# jobs whose first node is the same would both bind a fixed 29500 ("address already in
+# use"). MASTER_PORT, where set, is kept.
+export MASTER_PORT=${MASTER_PORT:-$(( 10000 + ${SLURM_JOB_ID:-0} % 20000 ))}
 # The ranks keep every rendezvous key under this secret (srun hands it to every task):
 # no process outside the job can read or set them. Drawn here unless it is set.
 SCALEGNN_JOB_SECRET=${SCALEGNN_JOB_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
@@ -52,8 +55,10 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 # export NCCL_NET_GDR_LEVEL=PHB             # GPUDirect RDMA where the NIC is close
 # export NCCL_CROSS_NIC=1
 
-# One GPU per task, bound by --gpus-per-task alone (--gpu-bind=closest would show a task
-# every GPU of its NUMA domain): each rank sees exactly its own.
+# Every task sees every GPU of its node (the step has all the job's GPUs; --gpu-bind=none
+# keeps Slurm from narrowing CUDA_VISIBLE_DEVICES, as --gpus-per-task=1 would): NCCL finds
+# NVLink and peer-to-peer paths only between GPUs a rank sees. Each rank takes GPU
+# SLURM_LOCALID itself (its rank on the node), one per rank.
 srun --ntasks-per-node="${SLURM_NTASKS_PER_NODE:-4}" --cpus-per-task="$cpus_per_task" \
-  --gpus-per-task=1 \
+  --gpu-bind=none \
   "$root/.venv/bin/scalegnn" train --config "$config" --grid "$grid" "$@"
