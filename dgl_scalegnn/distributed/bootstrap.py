@@ -35,6 +35,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ __all__ = [
     "gpu_identity",
     "refuse_shared_gpus",
     "use_tf32",
+    "share_compile_workers",
 ]
 
 #: Set by Open MPI's ``mpirun`` only (never by ``srun``).
@@ -83,6 +85,10 @@ SECRET_VARIABLE = "SCALEGNN_JOB_SECRET"
 _MIN_SECRET_CHARS = 32
 _LISTEN_BACKLOG = 4096  # every rank connects at once at start-up (the kernel caps it)
 _PEERS_TRIED = 3  # other hosts whose routes rank 0 asks for an address the others reach
+#: What pins gloo's and NCCL's sockets to one interface (:func:`_pin_socket_interfaces`).
+_SOCKET_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+#: The most compile workers Inductor starts in one process (its own cap).
+_MAX_COMPILE_WORKERS = 32
 
 
 @dataclass(frozen=True)
@@ -337,10 +343,13 @@ def use_tf32(setting: bool | str, device: torch.device) -> bool:
 def device_for(info: LaunchInfo, backend: str) -> torch.device:
     """One GPU per rank (by node-local rank) with NCCL, made current; the CPU with gloo.
 
-    A rank that sees one GPU (e.g. bound by ``srun --gpus-per-task=1`` or
+    Node-local rank ``i`` (``LOCAL_RANK``, ``SLURM_LOCALID``, MPI's shared-memory rank)
+    takes GPU ``i`` of those it sees, every GPU of the node where the launcher leaves
+    them visible (``launch/srun.sh``: NCCL finds NVLink and peer-to-peer paths only
+    between GPUs a process sees), and more ranks on the node than GPUs are refused on
+    each of them. A rank that sees one GPU (e.g. bound by ``srun --gpus-per-task=1`` or
     ``CUDA_VISIBLE_DEVICES``) uses it: whether another rank uses the same one is checked
-    once the store is up (:func:`refuse_shared_gpus`). Otherwise node-local rank ``i``
-    takes GPU ``i``, and more ranks on the node than GPUs are refused on each of them.
+    once the store is up (:func:`refuse_shared_gpus`).
 
     Raises
     ------
@@ -549,17 +558,25 @@ def _store_address(peers: list[str]) -> str:
     )
 
 
-def _pin_gloo_interface(peers: list[str]) -> None:
-    """Make gloo listen where the other hosts reach this one: its default device takes
-    the address of the host's name, loopback on Debian-style hosts (see
-    :func:`_reachable_address`). ``GLOO_SOCKET_IFNAME``, when set, is kept."""
-    if "GLOO_SOCKET_IFNAME" in os.environ:
+def _pin_socket_interfaces(peers: list[str]) -> None:
+    """Make gloo and NCCL's bootstrap listen where the other hosts reach this one (the
+    interface of :func:`_reachable_address`). gloo's default device takes the address of
+    the host's name, loopback on Debian-style hosts; NCCL takes the first ``ib*``
+    interface, else the first that is neither loopback nor ``docker*``, which on a host
+    with several networks (a management, storage or container network beside the one
+    the hosts share) may be one the others cannot reach: its bootstrap then waits until
+    the collective timeout. NCCL's is pinned by exact name (``=eth1``: a bare name is a
+    prefix). ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``, when set, are kept;
+    NCCL's InfiniBand transport (``NCCL_IB_HCA``) is not affected."""
+    wanted = [name for name in _SOCKET_INTERFACE_VARIABLES if name not in os.environ]
+    if not wanted:
         return
-    with contextlib.suppress(ConfigError):  # then gloo's default, as before
+    with contextlib.suppress(ConfigError):  # then the libraries' defaults, as before
         address = _reachable_address(peers)
         for interface, entries in psutil.net_if_addrs().items():
             if any(entry.address.partition("%")[0] == address for entry in entries):
-                os.environ["GLOO_SOCKET_IFNAME"] = interface
+                names = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": f"={interface}"}
+                os.environ.update({name: names[name] for name in wanted})
                 return
 
 
@@ -568,7 +585,7 @@ def _store_over_mpi(rank: int, world_size: int, timeout: datetime.timedelta) -> 
     on its node (else on an address the other hosts reach, :func:`_store_address`),
     on ``MASTER_PORT`` or a port the kernel picks, draws the job's secret, and
     broadcasts the three with mpi4py; the other ranks connect to it. Across hosts each
-    rank also pins gloo to such an address of its own host.
+    rank also pins gloo and NCCL to such an address of its own host.
 
     Raises
     ------
@@ -600,7 +617,7 @@ def _store_over_mpi(rank: int, world_size: int, timeout: datetime.timedelta) -> 
     address, port, secret = endpoint
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(port)
     if not one_node:
-        _pin_gloo_interface(peers)
+        _pin_socket_interfaces(peers)
     if store is None:
         store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
     return _job_store(store, secret, rank == 0)
@@ -638,7 +655,7 @@ def _store_from_launcher(info: LaunchInfo, timeout: datetime.timedelta) -> JobSt
     secret = _launcher_secret(info)
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if info.local_world_size is not None and info.local_world_size < info.world_size:
-        _pin_gloo_interface([address])  # across hosts: where they reach this one
+        _pin_socket_interfaces([address])  # across hosts: where they reach this one
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     hosts_store = info.rank == 0 and not agent_hosts_store
     if hosts_store:
@@ -646,6 +663,27 @@ def _store_from_launcher(info: LaunchInfo, timeout: datetime.timedelta) -> JobSt
     else:
         store = dist.TCPStore(address, port, info.world_size, is_master=False, timeout=timeout)
     return _job_store(store, secret, hosts_store)
+
+
+def share_compile_workers(info: LaunchInfo) -> int:
+    """Give ``torch.compile``'s Inductor this rank's share of the node's cores for its
+    compile workers, and return it: ``TORCHINDUCTOR_COMPILE_THREADS`` where set, else the
+    cores this process may run on, at most the node's cores over its ranks
+    (``info.local_world_size``) and Inductor's cap of 32. Each process would otherwise
+    start ``min(32, cores)`` workers at its first compile: 256 processes on a node of 8
+    ranks and 32 cores or more. Set in the environment (read where Inductor's config is
+    first imported) and in that config where it already is."""
+    given = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    if given:
+        return int(given)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    node_share = (os.cpu_count() or 1) // max(1, info.local_world_size or 1)
+    workers = max(1, min(_MAX_COMPILE_WORKERS, cores or 1, node_share))
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(workers)
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.compile_threads = workers
+    return workers
 
 
 def init_distributed(
@@ -656,7 +694,9 @@ def init_distributed(
     A single process needs nothing (returns ``None``). The store is the rendezvous
     ``TCPStore`` (hosted by rank 0, or by torchrun's agent) under the job's secret
     prefix; the watchdog and the data cache use it too. A CUDA ``device`` (from
-    :func:`device_for`, already current) binds the process group to it.
+    :func:`device_for`, already current) binds the process group to it. Inductor's
+    compile workers are the rank's share of its node's cores
+    (:func:`share_compile_workers`).
 
     Raises
     ------
@@ -665,6 +705,7 @@ def init_distributed(
     """
     if info.world_size == 1 or dist.is_initialized():
         return None
+    share_compile_workers(info)
     timeout = datetime.timedelta(seconds=timeout_s)
     if info.launcher == "mpi" or (info.launcher == "slurm" and "MASTER_ADDR" not in os.environ):
         job = _store_over_mpi(info.rank, info.world_size, timeout)

@@ -5,6 +5,15 @@ steps are consecutive). On CUDA the worker first makes the rank's GPU its curren
 (a thread starts on GPU 0, and entering a stream context there would open a context on
 GPU 0 from every rank), then issues its kernels on a side stream and records an event;
 the training stream waits on that event before it uses the batch.
+
+A batch's memory belongs to the side stream that allocated it: once freed, the next
+allocation there may take it at once, while the training stream may still be reading
+the batch (nothing makes the host wait for that stream at the end of a step). So the
+prefetcher keeps each batch it hands out until the next :meth:`Prefetcher.get` has
+queued the build after it, whose side-stream work waits for all training work queued
+before (the build's first event): whatever takes the batch's memory then writes it
+only after the training stream has read it. That is what ``Tensor.record_stream`` on
+every tensor of the batch would ensure, without knowing what a batch holds.
 On CPU the thread alone gives the overlap (torch kernels release the GIL). The time
 the training loop waits for a batch is charged to ``prefetch_wait``.
 
@@ -67,6 +76,9 @@ class Prefetcher(Generic[T]):
         )
         self._stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
         self._pending: tuple[int, Future] | None = None
+        #: On CUDA, the batch :meth:`get` last handed out, kept until the next build is
+        #: queued behind the training stream's work (see the module's docstring).
+        self._handed: T | None = None
 
     def _run(
         self, step: int, main_ready: torch.cuda.Event | None
@@ -90,7 +102,9 @@ class Prefetcher(Generic[T]):
         self._pending = (step, self._executor.submit(self._run, step, main_ready))
 
     def get(self, step: int) -> T:
-        """The batch of ``step``; the batch of ``step + 1`` starts building at once."""
+        """The batch of ``step``; the batch of ``step + 1`` starts building at once (on
+        CUDA behind the training stream's work so far, and only then is the batch handed
+        out before this one let go)."""
         if self._pending is None or self._pending[0] != step:
             if self._pending is not None:
                 self._pending[1].result()  # drop a batch built for another step
@@ -100,6 +114,8 @@ class Prefetcher(Generic[T]):
             if event is not None:
                 torch.cuda.current_stream(self._device).wait_event(event)
         self._submit(step + 1)
+        if self._stream is not None:
+            self._handed = batch
         return batch
 
     def close(self) -> None:
@@ -107,4 +123,5 @@ class Prefetcher(Generic[T]):
         if self._pending is not None:
             self._pending[1].result()
             self._pending = None
+        self._handed = None
         self._executor.shutdown(wait=True)
