@@ -184,6 +184,33 @@ def test_batch_that_leaves_empty_shards(tmp_path):
 # ------------------------------------------------------------- on every rank
 
 
+#: A graph evaluated in several chunks a layer (tests/test_eval_chunk_agreement.py).
+CHUNKED = {
+    "data": {"name": "synthetic", "synthetic": {"num_nodes": 5000, "num_features": 16}},
+    "model": {"hidden": 16, "layers": 2},
+    "sampling": {"batch_size": 500},
+    "train": {"progress": False},
+}
+
+
+@pytest.mark.parametrize("grid_index", [0, 1])
+def test_ranks_whose_gpus_have_room_for_different_chunks_run_the_same_ones(tmp_path, grid_index):
+    """Rank r's GPU has room for 1100 + 400 r rows a chunk (stubbed): under NCCL every
+    rank runs chunks of the fewest, the same on every rank, and all agree on the
+    accuracies (different chunks would hang NCCL until its timeout)."""
+    _need_gpus(2)
+    grid = _grids()[grid_index]
+    parallel = {"grid": grid, "backend": "nccl", "tf32": False, "timeout_s": 60}
+    world = GridShape.parse(grid).world_size
+    room = [1100 + 400 * rank for rank in range(world)]
+    args = [{**CHUNKED, "parallel": parallel}, room, str(tmp_path)]
+    spawn_ranks(world, "tests.workers.chunk_agreement:main", args, tmp_path, timeout=300)
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    assert {rows for record in records for rows, _ in record["layers"]} == {1100}
+    assert all(record["layers"] == records[0]["layers"] for record in records)
+    assert all(record["accuracy"] == records[0]["accuracy"] for record in records)
+
+
 def test_one_process_per_gpu_prefetch_and_host_syncs(tmp_path):
     grids = _grids() or ["1x1x1x1"]
     base = {**SMALL, "parallel": {"grid": grids[0], "backend": "nccl"}}

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +21,10 @@ from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.sampling.prefetch import Prefetcher
+from dgl_scalegnn.train.gpu_check import count_host_syncs
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
-
-
-def count_host_syncs(work: Callable[[], Any]) -> int:
-    """How many times ``work`` made the host wait for the GPU."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            work()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def prefetch_thread_devices(profiler: Profiler, device: torch.device) -> list[list[int]]:
@@ -86,8 +72,8 @@ def gpu_checks(base: dict, out: str) -> None:
         )
         trainer.train_step(trainer.sample(0))  # warm-up: allocator, NCCL, kernels
         batch = trainer.sample(1)
-        report["syncs_train_step"] = count_host_syncs(lambda: trainer.train_step(batch))
-        report["syncs_batch"] = count_host_syncs(lambda: trainer.sample(2))
+        report["syncs_train_step"] = count_host_syncs(lambda: trainer.train_step(batch), device)
+        report["syncs_batch"] = count_host_syncs(lambda: trainer.sample(2), device)
         report["fused"] = trainer.model.layer_tail.fused
         report["kernel_calls"] = trainer.model.layer_tail.calls
         report["threads"] = [t.name for t in threading.enumerate()]

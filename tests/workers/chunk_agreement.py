@@ -38,7 +38,8 @@ def main(base: dict, rows: list[int], out: str) -> None:
     session = start_session(cfg.parallel)
     try:
         graph = prepare_in_memory(generate(cfg.data.synthetic), cfg.data.permutation_seed)
-        trainer = Trainer(cfg, graph, session.runtime, MetricsWriter(None, enabled=False))
+        metrics = MetricsWriter(None, enabled=False)
+        trainer = Trainer(cfg, graph, session.runtime, metrics, session.device)
         accuracy = trainer.evaluate()
         record = {"accuracy": accuracy, "layers": layers}
         Path(out, f"rank{rank}.json").write_text(json.dumps(record))
