@@ -224,8 +224,10 @@ def start_session(parallel: ParallelConfig) -> Session:
 def end_session(session: Session, error: BaseException | None = None) -> None:
     """Shut down (the watchdog's thread too, which must not outlive the interpreter);
     after an ``error`` make every other rank stop too. A rank that only broke because
-    another had failed or gone first ends here with the watchdog's exit code (17),
-    saying why unless that was bad input (which its own rank reports)."""
+    another had failed or gone first ends here with the exit code of that failure's kind
+    (:data:`~dgl_scalegnn.distributed.watchdog.EXIT_CODES`: 2 for bad input, 17 for a
+    lost rank or a bug), saying why unless that was bad input or Ctrl-C (which the
+    failing rank reports)."""
     watchdog = session.watchdog
     if watchdog is not None and error is not None:
         if is_communication_error(error):
