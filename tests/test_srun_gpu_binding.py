@@ -74,9 +74,15 @@ _CHOOSE_DEVICE = textwrap.dedent(
 )
 
 
-def _slurm_job(tmp_path: Path, job_id: str, port: int | None = None) -> dict[str, str]:
+#: A task that says only its rendezvous port (no torch to import).
+_SHOW_PORT = 'echo "rank $SLURM_PROCID port $MASTER_PORT"'
+
+
+def _slurm_job(
+    tmp_path: Path, job_id: str, port: int | None = None, task: str | None = None
+) -> dict[str, str]:
     """A 2-node, 4-task sbatch job whose srun binds GPUs as Slurm does and whose tasks
-    say which GPUs they see and which they take."""
+    say which GPUs they see and which they take (or run the shell line ``task``)."""
     tmp_path.mkdir(exist_ok=True)
     env = stand_in_slurm(tmp_path, 4, port or 0, NODES)
     bin_dir = tmp_path / "bin"
@@ -88,7 +94,8 @@ def _slurm_job(tmp_path: Path, job_id: str, port: int | None = None) -> dict[str
     (root / ".venv" / "bin").mkdir(parents=True)
     scalegnn = root / ".venv" / "bin" / "scalegnn"
     (tmp_path / "choose_device.py").write_text(_CHOOSE_DEVICE)
-    scalegnn.write_text(f"#!/bin/sh\nexec {sys.executable} {tmp_path / 'choose_device.py'}\n")
+    task = task or f"exec {sys.executable} {tmp_path / 'choose_device.py'}"
+    scalegnn.write_text(f"#!/bin/sh\n{task}\n")
     scalegnn.chmod(0o755)
     env.update(SCALEGNN_ROOT=str(root), SLURM_JOB_ID=job_id)
     if port is None:
@@ -96,10 +103,13 @@ def _slurm_job(tmp_path: Path, job_id: str, port: int | None = None) -> dict[str
     return env
 
 
-def _ranks(tmp_path: Path, job_id: str, port: int | None = None) -> dict[int, dict[str, str]]:
+def _ranks(
+    tmp_path: Path, job_id: str, port: int | None = None, task: str | None = None
+) -> dict[int, dict[str, str]]:
     """What each rank of a srun.sh job said: the GPUs it sees, the one it takes, its port."""
     argv = ["bash", str(ROOT / "launch" / "srun.sh"), "1x1x2x2", "config.yaml"]
-    with launched(argv, {"MASTER_PORT": "", **_slurm_job(tmp_path, job_id, port)}) as process:
+    env = {"MASTER_PORT": "", **_slurm_job(tmp_path, job_id, port, task)}
+    with launched(argv, env) as process:
         output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output
     said = {}
@@ -127,11 +137,11 @@ def test_each_job_has_a_rendezvous_port_of_its_own(tmp_path):
     an outgoing connection may hold at any time."""
     ports = {}
     for job_id in ("81234", "81235"):
-        said = _ranks(tmp_path / job_id, job_id)
+        said = _ranks(tmp_path / job_id, job_id, task=_SHOW_PORT)
         assert len({rank_said["port"] for rank_said in said.values()}) == 1, said
         ports[job_id] = int(said[0]["port"])
     assert ports["81234"] != ports["81235"]
     ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     assert all(1024 <= port < ephemeral for port in ports.values()), ports
-    given = _ranks(tmp_path / "given", "81234", port=29555)
+    given = _ranks(tmp_path / "given", "81234", port=29555, task=_SHOW_PORT)
     assert {rank_said["port"] for rank_said in given.values()} == {"29555"}
