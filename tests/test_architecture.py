@@ -3,6 +3,7 @@
 Layers, lowest first; a module may import from its own layer or any lower one:
 
     config, _dgl, profiling   (base modules: no import from the package)
+    native                    native code: build, signature checks, loading
     core                      axes and layouts, grid shape, the model's schedule, seeds, costs
     data                      datasets, generator, normalisation, prepared format
     distributed               launch, process groups, collectives, watchdog
@@ -22,6 +23,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "dgl_scalegnn"
 
 LAYERS = [
     {"config", "_dgl", "profiling", "__init__"},
+    {"native"},
     {"core"},
     {"data"},
     {"distributed"},

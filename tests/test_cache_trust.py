@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 import torch
 
+from dgl_scalegnn import native
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.cli import main
 from dgl_scalegnn.config import ConfigError, DataConfig, SyntheticConfig
@@ -71,12 +72,12 @@ def cora_root(tmp_path) -> Path:
 @pytest.fixture
 def fresh_kernels(monkeypatch):
     """cpu_kernels as in a new process: the next load() builds or reuses from the cache."""
-    monkeypatch.setattr(cpu_kernels, "_library", None)
-    monkeypatch.setattr(cpu_kernels, "_load_failure", None)
+    monkeypatch.setattr(cpu_kernels.LIBRARY, "_library", None)
+    monkeypatch.setattr(cpu_kernels.LIBRARY, "failure", None)
 
     def reload():
-        cpu_kernels._library = cpu_kernels._load_failure = None
-        return cpu_kernels.load()
+        cpu_kernels.LIBRARY._library = cpu_kernels.LIBRARY.failure = None
+        return cpu_kernels.LIBRARY.load()
 
     return reload
 
@@ -166,7 +167,7 @@ def _load_kernels_in_a_new_process(cache: Path) -> subprocess.CompletedProcess:
     code = (
         "import torch\n"
         "from dgl_scalegnn.parallel import cpu_kernels\n"
-        "assert cpu_kernels.load() is not None, cpu_kernels._load_failure\n"
+        "assert cpu_kernels.LIBRARY.load() is not None, cpu_kernels.LIBRARY.failure\n"
         "out = cpu_kernels.row_square_sums(torch.tensor([[3.0, -4.0]]), torch.empty(1, 1))\n"
         "assert out.item() == 25.0, out\n"
     )
@@ -198,7 +199,7 @@ def test_a_kernel_library_others_could_write_is_rebuilt_saying_why(
     assert fresh_kernels() is not None
     (library,) = (cache / "kernels").glob("*.so")
     library.chmod(0o775)
-    with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert fresh_kernels() is not None
     assert f"{library} is writable by its group or others (mode 0775)" in caplog.text
     assert library.stat().st_mode & 0o777 == 0o700  # the rebuilt one
@@ -206,9 +207,9 @@ def test_a_kernel_library_others_could_write_is_rebuilt_saying_why(
     # A library of another user (the cache directory itself passes: checked above)
     caplog.clear()
     uid = os.geteuid()
-    monkeypatch.setattr(cpu_kernels, "default_cache_dir", lambda *parts: cache / "kernels")
+    monkeypatch.setattr(native, "default_cache_dir", lambda *parts: cache / "kernels")
     monkeypatch.setattr(os, "geteuid", lambda: uid + 1)
-    with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert fresh_kernels() is not None
     assert f".json belongs to uid {uid}, not to you (uid {uid + 1})" in caplog.text
 
@@ -216,7 +217,7 @@ def test_a_kernel_library_others_could_write_is_rebuilt_saying_why(
 def test_kernels_in_a_directory_others_could_write_are_not_loaded(cache, fresh_kernels, caplog):
     assert fresh_kernels() is not None
     (cache / "kernels").chmod(0o777)
-    with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert fresh_kernels() is None
     assert "native CPU kernels unavailable, running eager kernels" in caplog.text
     assert f"{str(cache / 'kernels')!r} is writable by its group or others" in caplog.text

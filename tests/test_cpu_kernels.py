@@ -16,8 +16,10 @@ import sys
 import pytest
 import torch
 
+from dgl_scalegnn import native
 from dgl_scalegnn.config import ParallelConfig
 from dgl_scalegnn.core.layout import INPUT_LAYOUT
+from dgl_scalegnn.data import row_reads
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.parallel import cpu_kernels, elementwise
 from dgl_scalegnn.parallel.dropout_hash import dropout_hashes, dropout_mask
@@ -27,8 +29,65 @@ from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
 
 
 def test_the_library_builds_here_and_native_kernels_are_the_default():
-    assert cpu_kernels.load() is not None, cpu_kernels._load_failure
+    assert cpu_kernels.LIBRARY.load() is not None, cpu_kernels.LIBRARY.failure
     assert ParallelConfig().native_kernels
+
+
+@pytest.mark.parametrize("library", [cpu_kernels.LIBRARY, row_reads.LIBRARY], ids=["cpu", "rows"])
+def test_every_declared_prototype_is_its_definition_in_the_source(library):
+    """Each function Python calls, its parameters' types and names in order, and its
+    return type, as the C source defines it; and the loaded functions take those."""
+    library.check()
+    loaded = library.load()
+    for name, signature in library.signatures.items():
+        function = getattr(loaded, name)
+        assert len(function.argtypes) == len(signature.parameters), name
+
+
+#: cpu_kernels.c's row_square_sums as its prototype, and prototypes that disagree with it.
+_ROW_SQUARE_SUMS = "void row_square_sums(const float *x, float *out, int64_t rows, int64_t cols, "
+_DISAGREEING = {
+    "a parameter's type": _ROW_SQUARE_SUMS + "int64_t threads)",
+    "two parameters swapped": _ROW_SQUARE_SUMS.replace("rows, int64_t cols", "cols, int64_t rows")
+    + "int threads)",
+    "a parameter missing": _ROW_SQUARE_SUMS.replace(", int64_t cols", "") + "int threads)",
+    "the return type": _ROW_SQUARE_SUMS.replace("void", "int64_t") + "int threads)",
+    "a pointer's target": _ROW_SQUARE_SUMS.replace("const float *x", "const int32_t *x")
+    + "int threads)",
+}
+
+
+@pytest.mark.parametrize("prototype", _DISAGREEING.values(), ids=_DISAGREEING.keys())
+def test_a_prototype_that_disagrees_with_its_definition_is_never_loaded(prototype, caplog):
+    library = native.NativeLibrary(
+        cpu_kernels.LIBRARY.source, [prototype], "these kernels", "running eager kernels"
+    )
+    with pytest.raises(native.SignatureMismatch) as refused:
+        library.check()
+    declared, defined = native.Signature.of(prototype), _ROW_SQUARE_SUMS + "int threads)"
+    assert str(refused.value).startswith(
+        f"row_square_sums is declared {declared} but cpu_kernels.c defines {defined}: "
+    )
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert library.load() is None
+    assert "these kernels unavailable, running eager kernels: row_square_sums" in caplog.text
+
+
+def test_a_function_the_source_does_not_define_is_refused():
+    library = native.NativeLibrary(
+        cpu_kernels.LIBRARY.source, ["void row_square_sum(float *out)"], "", ""
+    )
+    with pytest.raises(native.SignatureMismatch, match="defines no such function"):
+        library.check()
+
+
+def test_a_call_passes_its_arguments_by_their_declared_names():
+    x, out = torch.tensor([[3.0, -4.0]]), torch.empty(1, 1)
+    arguments = dict(x=x.data_ptr(), out=out.data_ptr(), rows=1, cols=2, threads=1)
+    with pytest.raises(TypeError, match="row_square_sums takes x, out, rows, cols, threads"):
+        cpu_kernels.LIBRARY.call("row_square_sums", **{**arguments, "columns": 2})
+    cpu_kernels.LIBRARY.call("row_square_sums", **dict(reversed(arguments.items())))
+    assert out.item() == 25.0
 
 
 def _inputs(rows: int, cols: int, seed: int) -> dict[str, torch.Tensor]:
@@ -209,11 +268,11 @@ def test_rms_norm_matches_float64_autograd_on_both_kernels(monkeypatch, native):
 
 
 def test_without_a_compiler_the_tail_runs_eagerly_and_says_so(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(cpu_kernels, "_library", None)
-    monkeypatch.setattr(cpu_kernels, "_load_failure", None)
+    monkeypatch.setattr(cpu_kernels.LIBRARY, "_library", None)
+    monkeypatch.setattr(cpu_kernels.LIBRARY, "failure", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     tail = LayerTail(False, native=True)
-    with caplog.at_level(logging.WARNING, logger=cpu_kernels.__name__):
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
         y = tail(torch.randn(5, 3), None, None, torch.arange(5), statistics=None, key=1,
                  col_start=0, width=3, eps=0, rate=0.0)  # fmt: skip
     assert y.shape == (5, 3) and tail.calls == {"native": 0, "compiled": 0, "eager": 1}
@@ -222,7 +281,7 @@ def test_without_a_compiler_the_tail_runs_eagerly_and_says_so(monkeypatch, tmp_p
 
 def test_ranks_share_one_build_in_the_cache(tmp_path):
     """Two processes building at once both load the kernels; one file stays in the cache."""
-    code = "from dgl_scalegnn.parallel import cpu_kernels; assert cpu_kernels.load() is not None"
+    code = "from dgl_scalegnn.parallel import cpu_kernels; assert cpu_kernels.LIBRARY.load()"
     env = {**os.environ, "SCALEGNN_CACHE_DIR": str(tmp_path)}
     processes = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
     try:

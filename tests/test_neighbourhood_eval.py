@@ -85,15 +85,15 @@ def test_rows_are_read_from_the_files_without_mapping_them(prepared, tmp_path, m
     """A memory-mapped graph's rows are read with pread (natively, and by the Python loop
     where the library does not load), never through the map: the same rows, and no
     page of the map touched."""
-    from dgl_scalegnn.parallel import cpu_kernels
+    from dgl_scalegnn.data import row_reads
 
     mapped = open_prepared(write_prepared(prepared, tmp_path / "graph"))
     vertices = np.array([96, 0, 5, 5, 40, 7])
     expected = np.asarray(prepared.features)[vertices]
-    assert cpu_kernels.load() is not None  # the native reads run first
+    assert row_reads.LIBRARY.load() is not None  # the native reads run first
     for native in (True, False):
         if not native:
-            monkeypatch.setattr(cpu_kernels, "load", lambda: None)
+            monkeypatch.setattr(row_reads.LIBRARY, "load", lambda: None)
         monkeypatch.setattr(
             type(mapped.features), "__getitem__", lambda *a: pytest.fail("read through the map")
         )

@@ -1,7 +1,8 @@
 /* The element-wise tail and RMSNorm of a GCN layer as single loops over float32 rows,
  * and the evaluation's product by rows of a resident adjacency block.
  *
- * Built on first use by dgl_scalegnn/parallel/cpu_kernels.py and called through ctypes.
+ * Built on first use and called through ctypes by dgl_scalegnn/parallel/cpu_kernels.py,
+ * which declares each function's prototype (checked against the definitions here).
  * Each kernel reads its inputs once and writes its outputs once, where the eager torch
  * kernels make one pass per operation; the rows are split over the OpenMP threads
  * (the process's own OpenMP runtime: the library links the libgomp torch has loaded).
@@ -9,9 +10,7 @@
  * same float results); the inner loops are specialised for each combination of
  * switches, so that they have no branch and vectorise.
  */
-#include <errno.h>
 #include <stdint.h>
-#include <unistd.h>
 #include <math.h>
 #include <string.h>
 #include <omp.h>
@@ -352,30 +351,4 @@ void csr_row_sums(const int64_t *restrict indptr, const void *restrict indices, 
       sum += col_scale[wide ? wide_ids[e] : (int64_t)narrow_ids[e]];
     out[i - start] = sum * row_scale[i];
   }
-}
-
-/* Runs of rows of a file into `out`, packed: run i is `counts[i]` rows (one where `counts`
- * is NULL) of `row_bytes` from row `starts[i]` of the array at byte `base`, read with
- * one pread a run. Reading through a memory map instead would map each row's page, and
- * on a page cache of large folios the whole folio, into the resident set. Returns the
- * bytes read, or -1 (errno set) on an error or a short file. */
-int64_t pread_runs(int fd, int64_t base, int64_t row_bytes, const int64_t *restrict starts,
-                   const int64_t *restrict counts, int64_t n, char *restrict out) {
-  char *dst = out;
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t left = (counts ? counts[i] : 1) * row_bytes;
-    int64_t offset = base + starts[i] * row_bytes;
-    while (left > 0) {
-      ssize_t got = pread(fd, dst, (size_t)left, (off_t)offset);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        if (got == 0) errno = EIO;
-        return -1;
-      }
-      dst += got;
-      offset += got;
-      left -= got;
-    }
-  }
-  return (int64_t)(dst - out);
 }

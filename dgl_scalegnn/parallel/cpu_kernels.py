@@ -4,19 +4,12 @@ evaluation's SpMM (:func:`csr_scaled_rows`): one loop per kernel.
 On CPU the eager tail makes one pass over the ``(rows, cols)`` block per torch
 operation and ``torch.compile`` measured slower still; these C loops
 (``cpu_kernels.c``) read each input once and write each output once. They are built on
-first use with the system C compiler (``$CC``, else ``cc``; ``-O3 -fopenmp``, no fused
-multiply-adds, and ``-march=native`` where the compiler takes it: the vector width of
-this CPU) into ``kernels/`` of the cache directory
-(:func:`~dgl_scalegnn.config.default_cache_dir`, private to the user) keyed by the
-source, the compiler and the machine, and linked against the OpenMP runtime torch has
-loaded, so that they share its threads. Loading a library runs its code, so a build
-is reused only if it and its manifest (``cpu_kernels_<key>.json``, the SHA-256 of what
-was compiled) belong to this user, are writable by no one else, and the library's
-SHA-256 is the one recorded; otherwise it is built again, with one log line saying why.
-Where no compiler works, or for tensors that are not float32 on CPU (CUDA, bfloat16),
-the callers run their eager torch kernels: :func:`usable` tells them. The tail's
-kernels of every kind take their arguments as one record (:class:`TailArgs` forward,
-:class:`TailGradArgs` backward), defined here, the lowest module that reads them.
+first use and loaded by :class:`~dgl_scalegnn.native.NativeLibrary` (a private cache,
+each kernel's prototype below checked against its definition). Where no compiler
+works, or for tensors that are not float32 on CPU (CUDA, bfloat16), the callers run
+their eager torch kernels: :func:`usable` tells them. The tail's kernels of every kind
+take their arguments as one record (:class:`TailArgs` forward, :class:`TailGradArgs`
+backward), defined here, the lowest module that reads them.
 
 >>> x = torch.tensor([[3.0, -4.0]])
 >>> out = torch.empty(1, 1)
@@ -29,31 +22,20 @@ tensor([[25.]])
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import hashlib
-import json
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
-from dgl_scalegnn.config import ConfigError, default_cache_dir
+from dgl_scalegnn.native import NativeLibrary
 from dgl_scalegnn.parallel.dropout_hash import keep_threshold
 
 __all__ = [
+    "LIBRARY",
     "TailArgs",
     "TailOutputs",
     "TailGradArgs",
-    "load",
     "usable",
     "row_square_sums",
     "tail_forward",
@@ -61,38 +43,37 @@ __all__ = [
     "add_row_scaled",
     "csr_scaled_rows",
     "csr_row_sums",
-    "pread_runs",
 ]
 
-_log = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).with_name("cpu_kernels.c")
-# -ffp-contract=off: no fused multiply-adds, so the forward rounds as the eager kernels do
-_FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
-#: Tried first, dropped when the compiler refuses them (the build is cached per CPU model).
-_NATIVE_FLAGS = ("-march=native",)
-_LIBRARIES = ("-lm",)
-
-# ctypes signatures: p pointer (None for NULL), i int64, n int (threads), f float, s int32
-_SIGNATURES = {
-    "row_square_sums": "ppiin",
-    "tail_forward": "ppnffpfnpppsppiin",
-    "norm_backward": "pppppfpppniin",
-    "add_row_scaled": "pppiin",
-    "masked_grad": "ppfpiin",
-    "csr_scaled_rows": "ppnpppiipiiin",
-    "csr_row_sums": "ppnpppiin",
-    "pread_runs": "niippip",
-}
-#: Kernels that return a value (the others return nothing).
-_RETURNS = {"pread_runs": ctypes.c_int64}
-_CTYPES = {
-    "p": ctypes.c_void_p,
-    "i": ctypes.c_int64,
-    "n": ctypes.c_int,
-    "f": ctypes.c_float,
-    "s": ctypes.c_int32,
-}
+#: The kernels of ``cpu_kernels.c``, each by its C prototype: the wrappers below pass
+#: their arguments by these names.
+LIBRARY = NativeLibrary(
+    Path(__file__).with_name("cpu_kernels.c"),
+    (
+        "void row_square_sums(const float *x, float *out, int64_t rows, int64_t cols, int threads)",
+        "void tail_forward(const float *x, float *inv_rms, int compute_rms, float width,"
+        " float eps, const float *gain, float scale, int relu, const float *residual,"
+        " const int32_t *row_hash, const int32_t *col_hash, int32_t threshold, float *y,"
+        " uint8_t *live, int64_t rows, int64_t cols, int threads)",
+        "void norm_backward(const float *grad, const uint8_t *live, const float *x,"
+        " const float *inv_rms, const float *gain, float width, float *row_grad,"
+        " float *gain_partials, float *grad_x, int finish, int64_t rows, int64_t cols,"
+        " int threads)",
+        "void add_row_scaled(float *grad_x, const float *x, const float *row_grad,"
+        " int64_t rows, int64_t cols, int threads)",
+        "void masked_grad(const float *grad, const uint8_t *live, float scale, float *grad_x,"
+        " int64_t rows, int64_t cols, int threads)",
+        "void csr_scaled_rows(const int64_t *indptr, const void *indices, int wide,"
+        " const float *row_scale, const float *col_scale, const float *x, int64_t ld,"
+        " int64_t readable, float *out, int64_t start, int64_t stop, int64_t cols,"
+        " int threads)",
+        "void csr_row_sums(const int64_t *indptr, const void *indices, int wide,"
+        " const float *row_scale, const float *col_scale, float *out, int64_t start,"
+        " int64_t stop, int threads)",
+    ),
+    "native CPU kernels",
+    "running eager kernels",
+)
 
 
 def _rows(tensor: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
@@ -242,138 +223,6 @@ class TailGradArgs:
         )
 
 
-_library: ctypes.CDLL | None = None
-_load_failure: str | None = None
-
-
-def _machine_key() -> str:
-    """What a build depends on beyond the source and flags: compiler, CPU, platform."""
-    model = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        model = next(
-            (line for line in cpuinfo.read_text().splitlines() if line.startswith("model name")),
-            "",
-        )
-    return f"{platform.machine()}|{platform.system()}|{model}"
-
-
-def _compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "cc"))
-
-
-def _build_key(compiler: str) -> str:
-    """What the build depends on: source, compiler and its version, flags, machine."""
-    version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, check=False
-    ).stdout
-    flags = " ".join(_FLAGS + _NATIVE_FLAGS)
-    return hashlib.sha256(
-        "\n".join((_SOURCE.read_text(), compiler, version, flags, _machine_key())).encode()
-    ).hexdigest()[:16]
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-class _Untrusted(Exception):
-    """A build that must not be loaded; the message says why."""
-
-
-def _check_owner(path: Path) -> None:
-    """Refuse ``path`` (not followed if a link) if someone else could have written it."""
-    status, uid = path.lstat(), os.geteuid()
-    if status.st_uid != uid:
-        raise _Untrusted(f"{path} belongs to uid {status.st_uid}, not to you (uid {uid})")
-    if status.st_mode & 0o022:
-        mode = status.st_mode & 0o7777
-        raise _Untrusted(f"{path} is writable by its group or others (mode {mode:04o})")
-
-
-def _recorded_library(manifest: Path) -> Path:
-    """The library that ``manifest`` records, once both are checked (module docstring).
-
-    Raises
-    ------
-    _Untrusted
-        If either is someone else's or writable by others, the manifest is unreadable,
-        or the library's SHA-256 is not the one recorded.
-    """
-    try:
-        _check_owner(manifest)
-        record = json.loads(manifest.read_text())
-        library = manifest.with_name(record["library"])
-        _check_owner(library)
-        digest = _sha256(library)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise _Untrusted(f"{manifest} is unreadable or names no library ({error})") from None
-    if digest != record["sha256"]:
-        raise _Untrusted(f"the SHA-256 of {library} is not the one {manifest.name} records")
-    return library
-
-
-def _build(compiler: str) -> Path:
-    """The library, compiled once per (source, compiler, flags, machine) and reused
-    after the checks of the module docstring; atomic on disk, so concurrent ranks may
-    build at the same time."""
-    key = _build_key(compiler)
-    directory = default_cache_dir("kernels")
-    manifest = directory / f"cpu_kernels_{key}.json"
-    if manifest.exists():
-        try:
-            return _recorded_library(manifest)
-        except _Untrusted as problem:
-            _log.warning("building the native CPU kernels again: %s", problem)
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
-        built = Path(scratch) / "cpu_kernels.so"
-        for flags in (_FLAGS + _NATIVE_FLAGS, _FLAGS):
-            result = subprocess.run(
-                [compiler, *flags, str(_SOURCE), "-o", str(built), *_LIBRARIES],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if result.returncode == 0:
-                break
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {result.stderr.strip()[:500]}")
-        digest = _sha256(built)
-        # named by its content: a concurrent build never replaces the file another loads
-        target = directory / f"cpu_kernels_{key}_{digest[:16]}.so"
-        record = Path(scratch) / "manifest.json"
-        record.write_text(json.dumps({"library": target.name, "sha256": digest}) + "\n")
-        # whatever the umask: a group-writable build would be refused at its next load
-        os.chmod(built, 0o700)
-        os.chmod(record, 0o600)
-        os.replace(built, target)
-        os.replace(record, manifest)
-    return target
-
-
-def load() -> ctypes.CDLL | None:
-    """The kernel library, built on the first call; ``None`` (and one log line) where it
-    cannot be built or loaded."""
-    global _library, _load_failure
-    if _library is not None or _load_failure is not None:
-        return _library
-    try:
-        compiler = _compiler()
-        if compiler is None:
-            raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} not found)")
-        library = ctypes.CDLL(str(_build(compiler)), use_errno=True)
-        for name, signature in _SIGNATURES.items():
-            function = getattr(library, name)
-            function.argtypes = [_CTYPES[code] for code in signature]
-            function.restype = _RETURNS.get(name)
-        _library = library
-    # AttributeError: a symbol is missing; ConfigError: the cache directory is not private
-    except (OSError, RuntimeError, AttributeError, ConfigError) as error:
-        _load_failure = str(error)
-        _log.warning("native CPU kernels unavailable, running eager kernels: %s", error)
-    return _library
-
-
 def usable(*tensors: torch.Tensor | None) -> bool:
     """Whether the native kernels can take these tensors: the library loads and every
     tensor given is on the CPU, every float one float32 (``None`` entries are skipped).
@@ -385,24 +234,25 @@ def usable(*tensors: torch.Tensor | None) -> bool:
             return False
         if tensor.is_floating_point() and tensor.dtype != torch.float32:
             return False
-    return load() is not None
+    return LIBRARY.load() is not None
 
 
 def _ptr(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
 
 
-def _call(name: str, *args: object) -> None:
-    library = load()
-    assert library is not None, "call usable() first"
-    getattr(library, name)(*args)
-
-
 def row_square_sums(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """``out[i] = sum_j x[i, j]^2`` for ``x`` ``(rows, cols)``, ``out`` ``(rows, 1)``."""
     x = x.contiguous()  # bound to a name: a temporary must outlive the call
     rows, cols = x.shape
-    _call("row_square_sums", _ptr(x), _ptr(out), rows, cols, torch.get_num_threads())
+    LIBRARY.call(
+        "row_square_sums",
+        x=_ptr(x),
+        out=_ptr(out),
+        rows=rows,
+        cols=cols,
+        threads=torch.get_num_threads(),
+    )
     return out
 
 
@@ -426,25 +276,25 @@ def tail_forward(args: TailArgs) -> TailOutputs:
         inv_rms = x.new_empty(rows, 1)
     y = x if args.overwrite else torch.empty_like(x)
     live = torch.empty_like(x, dtype=torch.uint8) if args.keep_mask else None
-    _call(
+    LIBRARY.call(
         "tail_forward",
-        _ptr(x),
-        _ptr(inv_rms),
-        int(compute_rms),
-        float(args.width),
-        args.eps,
-        _ptr(gain),
-        scale,
-        int(args.relu),
-        _ptr(residual),
-        _ptr(row_hash),
-        _ptr(col_hash),
-        keep_threshold(args.rate) if dropout else 0,
-        _ptr(y),
-        _ptr(live),
-        rows,
-        cols,
-        torch.get_num_threads(),
+        x=_ptr(x),
+        inv_rms=_ptr(inv_rms),
+        compute_rms=int(compute_rms),
+        width=float(args.width),
+        eps=args.eps,
+        gain=_ptr(gain),
+        scale=scale,
+        relu=int(args.relu),
+        residual=_ptr(residual),
+        row_hash=_ptr(row_hash),
+        col_hash=_ptr(col_hash),
+        threshold=keep_threshold(args.rate) if dropout else 0,
+        y=_ptr(y),
+        live=_ptr(live),
+        rows=rows,
+        cols=cols,
+        threads=torch.get_num_threads(),
     )
     return TailOutputs(y, live, inv_rms)
 
@@ -474,21 +324,21 @@ def _norm_backward(
     grad_x = torch.empty_like(grad)
     grad_square_sum = torch.empty_like(inv_rms)
     gain_partials = grad.new_zeros(threads, cols)
-    _call(
+    LIBRARY.call(
         "norm_backward",
-        _ptr(grad),
-        _ptr(live),
-        _ptr(x),
-        _ptr(inv_rms),
-        _ptr(gain),
-        float(args.width),
-        _ptr(grad_square_sum),
-        _ptr(gain_partials),
-        _ptr(grad_x),
-        int(args.finish),
-        rows,
-        cols,
-        threads,
+        grad=_ptr(grad),
+        live=_ptr(live),
+        x=_ptr(x),
+        inv_rms=_ptr(inv_rms),
+        gain=_ptr(gain),
+        width=float(args.width),
+        row_grad=_ptr(grad_square_sum),
+        gain_partials=_ptr(gain_partials),
+        grad_x=_ptr(grad_x),
+        finish=int(args.finish),
+        rows=rows,
+        cols=cols,
+        threads=threads,
     )
     return grad_x, grad_square_sum, gain_partials.sum(dim=0)
 
@@ -498,15 +348,15 @@ def _masked_grad(grad: torch.Tensor, live: torch.Tensor, scale: float) -> torch.
     grad, live = grad.contiguous(), live.contiguous()
     rows, cols = grad.shape
     grad_x = torch.empty_like(grad)
-    _call(
+    LIBRARY.call(
         "masked_grad",
-        _ptr(grad),
-        _ptr(live),
-        scale,
-        _ptr(grad_x),
-        rows,
-        cols,
-        torch.get_num_threads(),
+        grad=_ptr(grad),
+        live=_ptr(live),
+        scale=scale,
+        grad_x=_ptr(grad_x),
+        rows=rows,
+        cols=cols,
+        threads=torch.get_num_threads(),
     )
     return grad_x
 
@@ -515,14 +365,14 @@ def add_row_scaled(grad_x: torch.Tensor, x: torch.Tensor, row_grad: torch.Tensor
     """``grad_x += 2 x row_grad`` in place (``grad_x`` contiguous; ``row_grad`` ``(rows, 1)``)."""
     x, row_grad = x.contiguous(), row_grad.contiguous()
     rows, cols = grad_x.shape
-    _call(
+    LIBRARY.call(
         "add_row_scaled",
-        _ptr(grad_x),
-        _ptr(x),
-        _ptr(row_grad),
-        rows,
-        cols,
-        torch.get_num_threads(),
+        grad_x=_ptr(grad_x),
+        x=_ptr(x),
+        row_grad=_ptr(row_grad),
+        rows=rows,
+        cols=cols,
+        threads=torch.get_num_threads(),
     )
     return grad_x
 
@@ -570,21 +420,21 @@ def csr_scaled_rows(
         x = x.contiguous()
     readable = x.untyped_storage().nbytes() // x.element_size() - x.storage_offset()
     out = x.new_empty(stop - start, x.shape[1])
-    _call(
+    LIBRARY.call(
         "csr_scaled_rows",
-        _ptr(indptr),
-        _ptr(indices),
-        int(indices.dtype == torch.int64),
-        _ptr(row_scale),
-        _ptr(col_scale),
-        _ptr(x),
-        x.stride(0),
-        readable,
-        _ptr(out),
-        start,
-        stop,
-        x.shape[1],
-        torch.get_num_threads(),
+        indptr=_ptr(indptr),
+        indices=_ptr(indices),
+        wide=int(indices.dtype == torch.int64),
+        row_scale=_ptr(row_scale),
+        col_scale=_ptr(col_scale),
+        x=_ptr(x),
+        ld=x.stride(0),
+        readable=readable,
+        out=_ptr(out),
+        start=start,
+        stop=stop,
+        cols=x.shape[1],
+        threads=torch.get_num_threads(),
     )
     return out
 
@@ -605,59 +455,16 @@ def csr_row_sums(
         "csr_row_sums", (indptr, indices, row_scale, col_scale), start, stop
     )
     out = torch.empty(stop - start, 1, dtype=torch.float32)
-    _call(
+    LIBRARY.call(
         "csr_row_sums",
-        _ptr(indptr),
-        _ptr(indices),
-        int(indices.dtype == torch.int64),
-        _ptr(row_scale),
-        _ptr(col_scale),
-        _ptr(out),
-        start,
-        stop,
-        torch.get_num_threads(),
+        indptr=_ptr(indptr),
+        indices=_ptr(indices),
+        wide=int(indices.dtype == torch.int64),
+        row_scale=_ptr(row_scale),
+        col_scale=_ptr(col_scale),
+        out=_ptr(out),
+        start=start,
+        stop=stop,
+        threads=torch.get_num_threads(),
     )
     return out
-
-
-def pread_runs(
-    fd: int,
-    base: int,
-    row_bytes: int,
-    starts: np.ndarray,
-    counts: np.ndarray | None,
-    out: np.ndarray,
-) -> None:
-    """Runs of rows of an open file into ``out`` (contiguous, packed), one ``pread`` a run:
-    run ``i`` is ``counts[i]`` rows (one without ``counts``) of ``row_bytes`` from row
-    ``starts[i]`` of the array at byte ``base``. Natively where the library loads, else a
-    Python loop of the same reads (about 1.5 us a run against 0.7)."""
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    counts = None if counts is None else np.ascontiguousarray(counts, dtype=np.int64)
-    if not out.flags.c_contiguous:
-        raise ValueError("pread_runs: out must be contiguous")
-    library = load()
-    if library is not None:
-        read = library.pread_runs(
-            fd,
-            base,
-            row_bytes,
-            starts.ctypes.data,
-            None if counts is None else counts.ctypes.data,
-            starts.size,
-            out.ctypes.data,
-        )
-        if read < 0:
-            error = ctypes.get_errno() or errno.EIO
-            raise OSError(error, f"reading rows of a prepared file: {os.strerror(error)}")
-        return
-    view = memoryview(out).cast("B")
-    position = 0
-    lengths = [1] * starts.size if counts is None else counts.tolist()
-    for start, count in zip(starts.tolist(), lengths):
-        end, offset = position + count * row_bytes, base + start * row_bytes
-        while position < end:
-            got = os.preadv(fd, [view[position:end]], offset)
-            if got <= 0:
-                raise OSError(errno.EIO, "reading rows of a prepared file: the file is short")
-            position, offset = position + got, offset + got

@@ -30,8 +30,8 @@ import torch
 
 from dgl_scalegnn.data.normalize import inverse_sqrt_degrees
 from dgl_scalegnn.data.prepared import PreparedGraph
+from dgl_scalegnn.data.row_reads import pread_runs
 from dgl_scalegnn.data.tiles import TiledAdjacency, Verify, no_check, release_pages
-from dgl_scalegnn.parallel import cpu_kernels
 from dgl_scalegnn.sampling.blocks import CSRBlock
 
 __all__ = ["Hop", "hop", "hubs", "pieces", "read_rows", "read_vertex_rows"]
@@ -54,7 +54,7 @@ def _read_runs(array: np.ndarray, starts: np.ndarray, counts: np.ndarray | None)
     """Runs of rows of ``array``, packed: run ``i`` is ``counts[i]`` rows (one without
     ``counts``) from row ``starts[i]``. A memory-mapped array (a whole one, as
     :func:`~dgl_scalegnn.data.prepared.open_prepared` opens it) is read with one
-    ``pread`` a run (:func:`~dgl_scalegnn.parallel.cpu_kernels.pread_runs`): through the
+    ``pread`` a run (:func:`~dgl_scalegnn.data.row_reads.pread_runs`): through the
     map, each row would map its page, and on a page cache of large folios (ext4 on Linux
     6.x, after sequential reads) the whole folio, into the resident set: 2,725 random
     feature rows of the 10M graph mapped 1.1 GB until released. Others are indexed."""
@@ -72,7 +72,7 @@ def _read_runs(array: np.ndarray, starts: np.ndarray, counts: np.ndarray | None)
     fd = os.open(path, os.O_RDONLY)
     try:
         row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
-        cpu_kernels.pread_runs(fd, array.offset, row_bytes, starts, counts, out)
+        pread_runs(fd, array.offset, row_bytes, starts, counts, out)
     finally:
         os.close(fd)
     return out
