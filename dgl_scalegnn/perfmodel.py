@@ -47,18 +47,19 @@ from dgl_scalegnn.core.schedule import (
     logits_layout,
     steps_per_epoch,
 )
+from dgl_scalegnn.evaluation.buffer_plan import BufferPlan, Matrix
+from dgl_scalegnn.evaluation.chunks import chunk_count
+from dgl_scalegnn.evaluation.memory import (
+    ChunkMemory,
+    default_chunk_rows,
+    largest_part_rows,
+    widest_local_cols,
+)
 from dgl_scalegnn.model.layers import Head, InputFeatures, InputProjection
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import conv_layer, parameter_shards
 from dgl_scalegnn.parallel.data_parallel import average_gradients_cost
-from dgl_scalegnn.sampling.full_graph import (
-    ChunkMemory,
-    buffer_peak,
-    chunk_count,
-    default_chunk_rows,
-    largest_part_rows,
-)
 from dgl_scalegnn.sampling.uniform import UniformSampler
 
 __all__ = [
@@ -324,7 +325,7 @@ def epoch_time(work: Workload, shape: GridShape, hardware: Hardware) -> float:
 @dataclass(frozen=True)
 class EvalStage:
     """A chunked stage of a full-graph evaluation
-    (:func:`~dgl_scalegnn.model.full_graph.full_graph_forward`): the row
+    (:func:`~dgl_scalegnn.evaluation.layerwise.full_graph_forward`): the row
     axis its chunks split, how many chunks the rank runs of the ``total_chunks`` its
     data-parallel replicas share, the collectives of one chunk (payloads of the average
     chunk: the stage's rows over its chunks), and ``shared``: the all-reduce over the
@@ -385,7 +386,9 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
     whole, cfg = _whole_graph(work, shape, rank), work.model
     layer = conv_layer(cfg)
     replica = shape.coords(rank).d
-    (first, first_width), outputs, owned, _ = _eval_matrices(work, shape)
+    plan = _plan(work, shape)
+    first, owned = plan.first.layout, plan.owned
+    outputs = [(matrix.layout, matrix.width) for matrix in plan.outputs]
 
     def stage(name: str, axis: Axis, costs_of, output: tuple[Layout, int] | None) -> EvalStage:
         """A stage of row chunks that the replicas share, completing ``output``; the
@@ -411,7 +414,7 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
     def head_costs(layout: Layout, sizes: LocalSizes) -> list[CollectiveCost]:
         return _forward(Head.cost(layout, cfg, work.num_classes, sizes))
 
-    stages = [stage("input", first.rows, input_costs, (first, first_width))] if owned else []
+    stages = [stage("input", first.rows, input_costs, (first, plan.first.width))] if owned else []
     if not cfg.layers:  # the head on the whole input, in one piece
         return [*stages, stage("head", first.rows, lambda z: head_costs(first, z), None)]
     layouts = layer_layouts(cfg.layers, layer.kind)
@@ -430,37 +433,10 @@ def eval_stages(work: Workload, shape: GridShape, rank: int, chunk_rows: int) ->
     return stages
 
 
-def _eval_matrices(
-    work: Workload, shape: GridShape
-) -> tuple[tuple[Layout, int], list[tuple[Layout, int]], bool, list[tuple[Layout, int] | None]]:
-    """The whole-graph matrices of a full-graph evaluation on ``shape``, as ``(layout,
-    width)``: the first layer's input, each layer's output (the last the head's logits
-    where there is a head; the head's alone for a model without layers), whether the
-    input is made by the evaluation (owned) rather than read in place (on one TP rank the
-    first layer reads the features and projects its aggregation), and each layer's input
-    times its weights where the layer aggregates that (``None`` elsewhere)."""
-    cfg = work.model
-    one_tp_rank = shape.tp_size == 1
-    fold = one_tp_rank and cfg.input_projection and cfg.layers > 0
-    projected = cfg.input_projection and not fold
-    first = INPUT_LAYOUT.after_linear()
-    outputs: list[tuple[Layout, int]] = []
-    narrowed: list[tuple[Layout, int] | None] = []
-    if not cfg.layers:  # the head on the whole input
-        outputs.append((first.after_linear(), work.num_classes))
-    layer = conv_layer(cfg)
-    for layout, widths in zip(
-        layer_layouts(cfg.layers, layer.kind),
-        layer_widths(cfg, work.in_features, work.num_classes),
-    ):
-        narrows = layer.narrows_first(widths, shape.tp_size, fold and widths.index == 0)
-        narrowed.append((layout, layer.narrowed_width(widths)) if narrows else None)
-        out, width = layer.kind.output_layout(layout), widths.width_out
-        if widths.index == cfg.layers - 1 and cfg.head:
-            out, width = out.after_linear(), work.num_classes
-        outputs.append((out, width))
-    owned = not (one_tp_rank and not projected)
-    return (first, cfg.hidden if projected else work.in_features), outputs, owned, narrowed
+def _plan(work: Workload, shape: GridShape) -> BufferPlan:
+    """The :class:`~dgl_scalegnn.evaluation.buffer_plan.BufferPlan` of ``work``'s model
+    on ``shape``: the whole-graph matrices the engine holds."""
+    return BufferPlan.of(work.model, work.in_features, work.num_classes, shape)
 
 
 def eval_bytes(work: Workload, shape: GridShape, rank: int, chunk_rows: int) -> dict[str, float]:
@@ -504,7 +480,7 @@ def eval_seconds(work: Workload, shape: GridShape, hardware: Hardware, chunk_row
 
 def _chunk_memory(work: Workload, shape: GridShape, rank: int = 0) -> ChunkMemory:
     """What an evaluation's chunks take on ``rank`` (float32 features, int32 indices):
-    :class:`~dgl_scalegnn.sampling.full_graph.ChunkMemory` beside the whole-graph
+    :class:`~dgl_scalegnn.evaluation.memory.ChunkMemory` beside the whole-graph
     matrices of :func:`eval_buffer_bytes` and the ids of every vertex (int64)."""
     me = _Rank(work, shape, shape.coords(rank))
     n = work.num_nodes
@@ -512,17 +488,16 @@ def _chunk_memory(work: Workload, shape: GridShape, rank: int = 0) -> ChunkMemor
         work.nnz * me.rows(plane.cols, n) / n**2
         for plane in adjacency_planes(work.layers, work.kind)
     )
-    narrowest_split = min(shape.size(axis) for axis in Axis)
     widths = (work.in_features, work.hidden, work.num_classes)
     return ChunkMemory.of(
-        widest_cols=max(math.ceil(width / narrowest_split) for width in widths),
+        widest_cols=widest_local_cols(shape, widths),
         entries_per_row=entries_per_row,
         reserved_bytes=eval_buffer_bytes(work, shape, rank) + 8 * n,
     )
 
 
 def eval_chunk_rows(work: Workload, shape: GridShape, free_bytes: float) -> int:
-    """Chunk rows the GPU rule (:meth:`~dgl_scalegnn.sampling.full_graph.ChunkMemory.rows_within`)
+    """Chunk rows the GPU rule (:meth:`~dgl_scalegnn.evaluation.memory.ChunkMemory.rows_within`)
     gives a rank of ``shape`` with ``free_bytes`` free on its device (float32 features,
     int32 indices), at most the rows it holds of a layer's matrix."""
     most = largest_part_rows(work.num_nodes, shape)
@@ -531,7 +506,7 @@ def eval_chunk_rows(work: Workload, shape: GridShape, free_bytes: float) -> int:
 
 def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
     """Peak bytes of the whole-graph matrices a full-graph evaluation holds on ``rank``
-    (:func:`~dgl_scalegnn.sampling.full_graph.buffer_peak` of the first layer's input
+    (:func:`~dgl_scalegnn.evaluation.buffer_plan.buffer_peak` of the first layer's input
     and each layer's output, float32): on one TP rank the first layer reads the
     features in place and projects its aggregation, and a layer that narrows takes its
     input times its weight in the input's place (made chunk by chunk by the layer before;
@@ -548,23 +523,17 @@ def eval_buffer_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
     256000.0
     """
     me = _whole_graph(work, shape, rank)
-    first, outputs, owned, narrowed = _eval_matrices(work, shape)
 
-    def size(matrix: tuple[Layout, int] | None) -> float:
-        if matrix is None:
-            return 0.0
-        layout, width = matrix
-        return me.rows(layout.rows) * me.cols(width, layout.cols) * _FLOAT
+    def size(matrix: Matrix) -> float:
+        return me.rows(matrix.layout.rows) * me.cols(matrix.width, matrix.layout.cols) * _FLOAT
 
-    return buffer_peak(
-        [size(m) for m in (first, *outputs)], owned, narrowed=[size(m) for m in narrowed]
-    )
+    return _plan(work, shape).peak_bytes(size)
 
 
 def eval_memory_bytes(work: Workload, shape: GridShape, rank: int = 0) -> float:
     """Bytes a full-graph evaluation adds on ``rank``: its whole-graph matrices
     (:func:`eval_buffer_bytes`) and one chunk's temporaries at the CPU's chunk rows
-    (:func:`~dgl_scalegnn.sampling.full_graph.default_chunk_rows`, at most the rows a
+    (:func:`~dgl_scalegnn.evaluation.memory.default_chunk_rows`, at most the rows a
     rank holds of a layer's matrix; a GPU sizes its chunks to what is free)."""
     memory = _chunk_memory(work, shape, rank)
     rows = min(default_chunk_rows(shape.tp_size), largest_part_rows(work.num_nodes, shape))

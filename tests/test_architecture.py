@@ -2,14 +2,18 @@
 
 Layers, lowest first; a module may import from its own layer or any lower one:
 
-    config, _dgl, profiling   (base modules: no import from the package)
+    config, _dgl, profiling,  (base modules: no import from the layers above)
+    heap, errors, cache_dir,
+    yaml_reader
     native                    native code: build, signature checks, loading
     core                      axes and layouts, grid shape, the model's schedule, seeds, costs
     data                      datasets, generator, normalisation, prepared format
     distributed               launch, process groups, collectives, watchdog
     parallel                  3D PMM operators, local SpMM kernels, row partitions
     sampling                  uniform sampling, block extraction, the rank's store, batches
-    model, perfmodel          the parallel model, the single-process reference, projections
+    model                     the parallel model, the single-process reference, projections
+    evaluation, perfmodel     full-graph evaluation (its buffer plan, engines, evaluator);
+                              the cost model, which prices the same plan
     train                     trainer, checkpoints, metrics, run wiring
     cli                       the ``scalegnn`` command
 """
@@ -22,14 +26,15 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "dgl_scalegnn"
 
 LAYERS = [
-    {"config", "_dgl", "profiling", "__init__"},
+    {"config", "errors", "cache_dir", "yaml_reader", "_dgl", "profiling", "heap", "__init__"},
     {"native"},
     {"core"},
     {"data"},
     {"distributed"},
     {"parallel"},
     {"sampling"},
-    {"model", "perfmodel"},
+    {"model"},
+    {"evaluation", "perfmodel"},
     {"train"},
     {"cli"},
 ]

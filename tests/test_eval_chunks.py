@@ -29,7 +29,17 @@ from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.model.full_graph import full_graph_chunk_rows, full_graph_forward
+from dgl_scalegnn.evaluation import chunks
+from dgl_scalegnn.evaluation.chunks import CSRRows
+from dgl_scalegnn.evaluation.layerwise import full_graph_forward
+from dgl_scalegnn.evaluation.memory import (
+    FREE_MEMORY_SHARE,
+    MIN_CHUNK_ROWS,
+    ChunkMemory,
+    chunk_rows_for,
+    default_chunk_rows,
+    full_graph_chunk_rows,
+)
 from dgl_scalegnn.parallel.spmm import csr_tensor
 from dgl_scalegnn.perfmodel import (
     Workload,
@@ -40,16 +50,6 @@ from dgl_scalegnn.perfmodel import (
     eval_stages,
     memory_bytes,
 )
-from dgl_scalegnn.sampling import full_graph
-from dgl_scalegnn.sampling.full_graph import (
-    FREE_MEMORY_SHARE,
-    MIN_CHUNK_ROWS,
-    ChunkMemory,
-    CSRRows,
-    chunk_rows_for,
-    default_chunk_rows,
-)
-from dgl_scalegnn.train import trainer as trainer_module
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 from tests.gpu.host_syncs import HostSyncCounter
@@ -94,9 +94,7 @@ def test_native_loop_evaluates_as_the_torch_csr_and_only_when_switched_on(traine
     chunk: the native loop (no CSR built) or the torch CSR (one per chunk and product);
     the logits and :meth:`Trainer.evaluate`'s accuracies agree to rounding."""
     built = []
-    monkeypatch.setattr(
-        full_graph, "csr_tensor", lambda *args: built.append(1) or csr_tensor(*args)
-    )
+    monkeypatch.setattr(chunks, "csr_tensor", lambda *args: built.append(1) or csr_tensor(*args))
     monkeypatch.setattr(trainer.model.layer_tail, "native", True)
     native = _logits(trainer, CHUNK_ROWS)
     assert not built
@@ -122,7 +120,7 @@ def test_every_chunk_gets_a_rebased_csr_of_its_own(trainer, monkeypatch):
         handed.append((crow.clone(), cols, values, shape))
         return csr_tensor(crow, cols, values, shape)
 
-    monkeypatch.setattr(full_graph, "csr_tensor", recording_csr_tensor)
+    monkeypatch.setattr(chunks, "csr_tensor", recording_csr_tensor)
     chunked = _logits(trainer, CHUNK_ROWS)
     monkeypatch.undo()
     # each layer's product per chunk, and the first layer's A 1 for the folded bias
@@ -343,14 +341,17 @@ def test_the_documented_papers100m_projection_is_the_models():
 
 def test_evaluate_fixes_the_heap_before_its_chunks_and_gives_it_back_after(trainer, monkeypatch):
     """glibc's dynamic mapping threshold mapped a chunk's temporaries afresh chunk after
-    chunk (page faults every chunk): :meth:`Trainer.evaluate` fixes it first
-    (``return_freed_heap``), also when called on its own, and gives the heap back after."""
+    chunk (page faults every chunk): the evaluator fixes it first (``return_freed_heap``),
+    also when :meth:`Trainer.evaluate` is called on its own, and gives the heap back after."""
+    from dgl_scalegnn import heap
+    from dgl_scalegnn.evaluation import evaluator
+
     calls = []
-    counts = trainer_module.full_graph_counts
-    monkeypatch.setattr(trainer_module, "return_freed_heap", lambda: calls.append("fixed"))
-    monkeypatch.setattr(trainer_module, "release_free_heap", lambda: calls.append("released"))
+    counts = evaluator.full_graph_counts
+    monkeypatch.setattr(heap, "return_freed_heap", lambda: calls.append("fixed"))
+    monkeypatch.setattr(heap, "release_free_heap", lambda: calls.append("released"))
     monkeypatch.setattr(
-        trainer_module,
+        evaluator,
         "full_graph_counts",
         lambda *args, **kwargs: calls.append("counted") or counts(*args, **kwargs),
     )

@@ -26,13 +26,13 @@ from dgl_scalegnn.core.layout import Axis, Plane
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.tiles import release_pages
 from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.evaluation.chunks import CSRRows, row_chunks
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.stack import layer_kind, parameter_shards
 from dgl_scalegnn.parallel import cpu_kernels
 from dgl_scalegnn.perfmodel import Workload, eval_buffer_bytes
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.sampling.dgl_loader import norm_graph
-from dgl_scalegnn.sampling.full_graph import CSRRows, row_chunks
 from dgl_scalegnn.sampling.store import RankStore
 from tests.helpers import random_dataset, relative_error
 from tests.oracle import assemble
@@ -292,7 +292,7 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
     SpMM. Switched off, the second layer aggregates 13 columns of a whole 13-column
     output, and the logits agree."""
     from dgl_scalegnn.distributed.comm import Runtime
-    from dgl_scalegnn.model import full_graph
+    from dgl_scalegnn.evaluation import layerwise as full_graph
     from dgl_scalegnn.model.convs import base, sage
     from dgl_scalegnn.train.metrics import MetricsWriter
     from dgl_scalegnn.train.trainer import Trainer
@@ -330,10 +330,10 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
             narrowed_inputs.append(weakref.ref(x))
         return out
 
-    def producing(layer, *args):
-        if args[-1] is not None:  # narrowed: every chunk of its input is freed by now
+    def producing(layer, inputs):
+        if inputs.x is None:  # narrowed: every chunk of its input is freed by now
             inputs_alive.append(any(ref() is not None for ref in narrowed_inputs))
-        return product(layer, *args)
+        return product(layer, inputs)
 
     def counting(rows, like):
         row_sums.append(rows.num_rows)
@@ -358,7 +358,7 @@ def test_a_narrowing_layer_aggregates_its_input_times_its_weight(prepared, monke
         assert len(row_sums) == 2 * chunks and sum(row_sums) == 2 * GRAPH["num_nodes"]
         widths.clear()
         made_widths.clear()
-        monkeypatch.setattr(sage.SAGELayer, "aggregates_narrowed", False)
+        monkeypatch.setattr(sage.SAGELayer, "narrowing_weights", ())
         whole, _ = full_graph.full_graph_forward(model, graph, CHUNK_ROWS)
     assert widths == [11] * chunks + [13] * chunks
     assert made_widths == [13, 5]

@@ -23,8 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.comm import Runtime
-from dgl_scalegnn.model.full_graph import full_graph_counts, full_graph_forward
-from dgl_scalegnn.model.neighbourhood import NeighbourhoodEvaluator
+from dgl_scalegnn.evaluation.layerwise import full_graph_counts, full_graph_forward
+from dgl_scalegnn.evaluation.neighbourhood import NeighbourhoodEvaluator
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
 from tests.gpu.host_syncs import HostSyncCounter

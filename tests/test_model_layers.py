@@ -11,7 +11,7 @@ from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.model.full_graph import full_graph_forward
+from dgl_scalegnn.evaluation.layerwise import full_graph_forward
 from dgl_scalegnn.model.parameters import init_global_parameter
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import parameter_shards

@@ -1,7 +1,7 @@
 """Evaluation in neighbourhoods computes what the layer-wise evaluation computes.
 
 Oracles: the tiled adjacency's own entries (for the row-ordered copy), the one-process
-layer-wise evaluation (:func:`~dgl_scalegnn.model.full_graph.full_graph_forward`, itself
+layer-wise evaluation (:func:`~dgl_scalegnn.evaluation.layerwise.full_graph_forward`, itself
 checked against DGL's modules in test_full_graph_eval) and DGL's reference model on the
 whole graph for GCN, with random values in every parameter (biases and gains included);
 for a job of four ranks, the layer-wise evaluation of the same run on one process.
@@ -21,14 +21,14 @@ from dgl_scalegnn.core.grid_shape import Coords, GridShape
 from dgl_scalegnn.data.prepared import open_prepared, prepare_in_memory, write_prepared
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.model import neighbourhood as module
-from dgl_scalegnn.model.full_graph import full_graph_forward
-from dgl_scalegnn.model.neighbourhood import NeighbourhoodEvaluator, one_rank_copy
+from dgl_scalegnn.evaluation import hops
+from dgl_scalegnn.evaluation import neighbourhood as module
+from dgl_scalegnn.evaluation.hops import read_rows
+from dgl_scalegnn.evaluation.layerwise import full_graph_forward
+from dgl_scalegnn.evaluation.neighbourhood import NeighbourhoodEvaluator, one_rank_copy
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind, parameter_shards
-from dgl_scalegnn.sampling import neighbourhood as sampling_neighbourhood
-from dgl_scalegnn.sampling.neighbourhood import read_rows
 from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.train.metrics import read_metrics
 from dgl_scalegnn.train.run import run_training
@@ -97,7 +97,7 @@ def test_rows_are_read_from_the_files_without_mapping_them(prepared, tmp_path, m
         monkeypatch.setattr(
             type(mapped.features), "__getitem__", lambda *a: pytest.fail("read through the map")
         )
-        got = sampling_neighbourhood.read_vertex_rows(mapped.features, vertices)
+        got = hops.read_vertex_rows(mapped.features, vertices)
         indptr, cols = read_rows(mapped.adjacency, vertices, mapped.verify)
         monkeypatch.undo()
         assert np.array_equal(got, expected), native

@@ -13,8 +13,8 @@ import threading
 import numpy as np
 import torch
 
-from dgl_scalegnn.train import heap
-from dgl_scalegnn.train.heap import HeapGrowthBound, release_free_heap, resident_mb
+from dgl_scalegnn import heap
+from dgl_scalegnn.heap import HeapGrowthBound, release_free_heap, resident_mb
 from dgl_scalegnn.train.trainer import peak_rss_mb
 
 _CHILD = "from dgl_scalegnn.train.trainer import peak_rss_mb; print(peak_rss_mb())"
@@ -67,7 +67,7 @@ def test_heap_growth_bound_releases_past_a_quarter_of_the_first_step_or_its_floo
 
 _GROWTH = """
 import torch
-from dgl_scalegnn.train.heap import HeapGrowthBound, resident_mb, reuse_freed_heap
+from dgl_scalegnn.heap import HeapGrowthBound, resident_mb, reuse_freed_heap
 assert reuse_freed_heap()
 bound = HeapGrowthBound(slack=0.25, floor=0.0)
 step = [torch.ones(4 << 20, dtype=torch.uint8) for _ in range(16)]  # the first step: 64 MB
@@ -91,7 +91,7 @@ def test_heap_growth_bound_gives_back_what_a_grown_heap_holds_free() -> None:
 # A fresh interpreter, so the switch does not change the heap of the test process.
 _STEP_FAULTS = """
 import resource, sys, torch
-from dgl_scalegnn.train.heap import return_freed_heap, reuse_freed_heap
+from dgl_scalegnn.heap import return_freed_heap, reuse_freed_heap
 assert (reuse_freed_heap if sys.argv[1] == "reuse" else return_freed_heap)()
 rows = 100_000  # a step's (B, 128) float32 blocks, 51 MB each
 

@@ -7,7 +7,7 @@ column lies in range ``j`` of :func:`~dgl_scalegnn.core.layout.split_bounds`
 ``(T*T + 1,)`` offset array; the same entries' columns are stored once more in row
 order (``row_cols``, a CSR without values under ``row_indptr``), so that the entries of
 any set of rows take one read each (a neighbourhood evaluation:
-:mod:`~dgl_scalegnn.sampling.neighbourhood`).
+:mod:`~dgl_scalegnn.evaluation.hops`).
 A rank that needs the block ``[R0, R1) x [C0, C1)`` reads,
 for each row tile of ``[R0, R1)``, one contiguous run covering the column tiles of
 ``[C0, C1)``: it reads its share plus at most a partial tile at each edge, whatever

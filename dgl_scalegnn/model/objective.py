@@ -25,7 +25,7 @@ from dgl_scalegnn.parallel.losses import (
 )
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.batch import RankBatch
-from dgl_scalegnn.sampling.full_graph import FullGraph
+from dgl_scalegnn.sampling.store import FullGraph
 
 __all__ = ["Objective", "split_counts"]
 

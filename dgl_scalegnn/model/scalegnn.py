@@ -21,7 +21,7 @@ or SAGE layer maps ``(r, c, o)`` to ``(o, r, c)`` and reads the adjacency shard 
 products rotates otherwise: :meth:`~dgl_scalegnn.core.schedule.LayerKind.output_layout`).
 Parameters are initialised from the seed and their *global* shape and then sliced, and
 dropout masks hash global coordinates: the same run gives the same numbers on any grid
-(up to reduction order). Full-graph evaluation is :mod:`~dgl_scalegnn.model.full_graph`.
+(up to reduction order). Full-graph evaluation is :mod:`~dgl_scalegnn.evaluation`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from dgl_scalegnn.core.layout import INPUT_LAYOUT
 from dgl_scalegnn.core.schedule import layer_layouts, layer_widths
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.model.convs import GraphLayer
+from dgl_scalegnn.model.convs.base import LayerInput
 from dgl_scalegnn.model.layers import Head, InputFeatures, InputProjection
 from dgl_scalegnn.model.stack import conv_layer, parameter_shards
 from dgl_scalegnn.parallel.elementwise import LayerTail
@@ -65,7 +66,7 @@ class ParallelScaleGNN(nn.Module):
     native : bool
         Run the element-wise tail and the norms on the native CPU kernels where they
         build (:mod:`~dgl_scalegnn.parallel.cpu_kernels`), and the full-graph
-        evaluation's SpMMs (:func:`~dgl_scalegnn.model.full_graph.full_graph_forward`).
+        evaluation's SpMMs (:mod:`~dgl_scalegnn.evaluation.layerwise`).
 
     Examples
     --------
@@ -134,7 +135,7 @@ class ParallelScaleGNN(nn.Module):
         spec = ShardSpec(INPUT_LAYOUT, batch.rows, self.in_features)
         hidden, spec = self.input_layer(batch.features, spec, batch.step)
         for layer in self.layers:
-            hidden, spec = layer(hidden, spec, batch.adjacency[layer.plane], batch.step)
+            hidden, spec = layer(LayerInput(hidden, spec, batch.adjacency[layer.plane]), batch.step)
         return (hidden, spec) if self.head is None else self.head(hidden, spec)
 
     @staticmethod

@@ -19,6 +19,8 @@ blocks as they are (:meth:`RankStore.full_graph`).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,10 +41,9 @@ from dgl_scalegnn.sampling.blocks import (
     gather_candidates,
     gathered_count,
 )
-from dgl_scalegnn.sampling.full_graph import FullGraph
 from dgl_scalegnn.sampling.uniform import EdgeScaling, UniformSampler
 
-__all__ = ["RankStore", "load_csr_block"]
+__all__ = ["RankStore", "FullGraph", "load_csr_block"]
 
 SPLITS = ("train", "val", "test")
 # A block's vertex ranges: ((row start, row stop), (column start, column stop)).
@@ -108,6 +109,22 @@ def _copy_by_rows(array: np.ndarray, rows: int = COPY_ROWS) -> np.ndarray:
         out[start : start + rows] = array[start : start + rows]
         release_pages(array)
     return out
+
+
+@dataclass(frozen=True)
+class FullGraph:
+    """This rank's share of the whole graph for evaluation (views of the resident store).
+
+    ``blocks``: the normalised adjacency block per plane; ``features`` in state
+    ``(x, z, y)``; ``labels``/``masks``: rows along the logits' row axis; ``rows``: every
+    vertex, split along every axis.
+    """
+
+    rows: RowPartition
+    blocks: Mapping[Plane, CSRBlock]
+    features: torch.Tensor
+    labels: torch.Tensor
+    masks: Mapping[str, torch.Tensor]
 
 
 class RankStore:

@@ -65,6 +65,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from dgl_scalegnn.distributed.bootstrap import (
+    cuda_environment,
+    cuda_problem,
+    driver_version,
+    use_tf32,
+)
 
 import dgl_scalegnn
 import yaml
@@ -72,17 +78,12 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import Config, config_from_mapping
 from dgl_scalegnn.data.prepared import PreparedGraph, prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.distributed.bootstrap import (
-    cuda_environment,
-    cuda_problem,
-    driver_version,
-    use_tf32,
-)
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.model.full_graph import full_graph_chunk_rows, full_graph_forward
+from dgl_scalegnn.evaluation.chunks import chunk_count
+from dgl_scalegnn.evaluation.layerwise import full_graph_forward
+from dgl_scalegnn.evaluation.memory import full_graph_chunk_rows
 from dgl_scalegnn.profiling import Profiler
-from dgl_scalegnn.sampling.full_graph import chunk_count
 from dgl_scalegnn.train.metrics import MetricsWriter, read_metrics
 from dgl_scalegnn.train.trainer import Trainer
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from dgl_scalegnn.config import Config, ConfigError, DataConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.featureless import FEATURELESS_CLASSES, FEATURELESS_DIM
+from dgl_scalegnn.evaluation.memory import default_chunk_rows
 from dgl_scalegnn.perfmodel import (
     Hardware,
     Workload,
@@ -63,7 +64,6 @@ from dgl_scalegnn.perfmodel import (
     step_bytes,
     step_time,
 )
-from dgl_scalegnn.sampling.full_graph import default_chunk_rows
 from dgl_scalegnn.train.defaults import GraphShape, apply_graph_defaults, memory_budget_bytes
 
 __all__ = [

@@ -26,28 +26,22 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, ConfigError
-from dgl_scalegnn.core.layout import split_bounds
 from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
 from dgl_scalegnn.data.graph import DatasetError, label_notes
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
-from dgl_scalegnn.model.full_graph import (
-    agreed_chunk_rows,
-    full_graph_counts,
-    full_graph_memory,
+from dgl_scalegnn.evaluation.evaluator import (
+    Evaluator,
+    LayerwiseEvaluation,
+    NeighbourhoodEvaluation,
+    choose_evaluator,
 )
-from dgl_scalegnn.model.neighbourhood import (
-    COUNT_CHUNK_ROWS,
-    SPLITS,
-    NeighbourhoodEvaluator,
-    one_rank_copy,
-)
-from dgl_scalegnn.model.objective import Objective, split_counts
+from dgl_scalegnn.heap import TrainingHeap
+from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind
 from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.sampling.batch import RankBatch
-from dgl_scalegnn.sampling.full_graph import chunk_count
 from dgl_scalegnn.sampling.prefetch import Prefetcher
 from dgl_scalegnn.sampling.sampler import build_sampler
 from dgl_scalegnn.sampling.store import RankStore
@@ -58,12 +52,6 @@ from dgl_scalegnn.train.checkpoint import (
     set_aside_nonfinite,
 )
 from dgl_scalegnn.train.defaults import agreed_available_bytes
-from dgl_scalegnn.train.heap import (
-    HeapGrowthBound,
-    release_free_heap,
-    return_freed_heap,
-    reuse_freed_heap,
-)
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.preemption import (
     PREEMPTED_EXIT_CODE,
@@ -175,8 +163,6 @@ class Trainer:
         self.sampler = build_sampler(cfg.sampling, meta.num_nodes, group=self.grid.coords.d)
         #: The prepared graph, memory-mapped (what a neighbourhood evaluation reads).
         self.graph = graph
-        #: How evaluations run: ``train.evaluation``, until :meth:`choose_evaluation`.
-        self.evaluation = cfg.train.evaluation
         self.store = RankStore(
             graph,
             self.grid,
@@ -195,6 +181,13 @@ class Trainer:
             native=cfg.parallel.native_kernels,
         ).to(self.device)
         self.objective = Objective(runtime, multilabel=meta.multilabel)
+        #: How evaluations run: ``train.evaluation`` as asked (``auto``: layer-wise) until
+        #: :meth:`choose_evaluation` decides.
+        self.evaluator: Evaluator = (
+            NeighbourhoodEvaluation(self.model, graph)
+            if cfg.train.evaluation == "neighbourhood"
+            else LayerwiseEvaluation(self.model, self.store, self.objective)
+        )
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
@@ -222,8 +215,6 @@ class Trainer:
 
     # --------------------------------------------------------------- checkpoints
     def _resume(self) -> None:
-        if self.checkpoints is None:
-            raise ConfigError("output.resume needs output.dir (where the checkpoints are)")
         choice = choose_checkpoint(self.checkpoints)  # every rank reads the same files
         note = choice.note()
         if note is not None:
@@ -360,107 +351,44 @@ class Trainer:
 
     # ---------------------------------------------------------------- evaluation
     def choose_evaluation(self, local_ranks: int = 1) -> str:
-        """Decide, before the first step, how this run evaluates (``train.evaluation``),
-        and return it (also :attr:`evaluation`).
-
-        A layer-wise evaluation's whole-graph matrices and one chunk's temporaries
-        (:func:`~dgl_scalegnn.model.full_graph.full_graph_memory`, in the chunk rows every
-        rank agrees on: :func:`~dgl_scalegnn.model.full_graph.agreed_chunk_rows`) are
-        compared with the memory each rank has (a GPU's free memory, or the host's shared
-        by its ``local_ranks`` ranks). Every rank compares the same figures (the most any
-        rank needs, the least any has: two all-reduces), so all choose alike. Where it does
-        not fit, ``auto`` evaluates in neighbourhoods
-        (:mod:`~dgl_scalegnn.model.neighbourhood`), said with the figures.
+        """Decide, before the first step, how this run evaluates (``train.evaluation``:
+        :func:`~dgl_scalegnn.evaluation.evaluator.choose_evaluator`, against the memory
+        each rank has: a GPU's free memory, or the host's shared by its ``local_ranks``
+        ranks), say why where ``auto`` fell back, and return the engine's name (also
+        :attr:`evaluation`).
 
         Raises
         ------
         ConfigError
-            ``layerwise`` was asked for and does not fit: it would be killed for memory
-            at its first round, after all the training before it.
+            ``layerwise`` was asked for and does not fit.
         """
-        asked = self.cfg.train.evaluation
-        if not self.cfg.train.evaluate or asked == "neighbourhood":
-            self.evaluation = asked
-            return asked
-        graph = self.store.full_graph()
-        memory = full_graph_memory(self.model, graph)
-        chunk_rows = agreed_chunk_rows(self.model, graph, memory)
-        need = memory.reserved_bytes + chunk_rows * memory.row_bytes
-        most = reduce_over_world(
-            torch.tensor([float(need)], dtype=torch.float64, device=self.device), dist.ReduceOp.MAX
-        )
-        need = float(most.item())  # every rank is here: the memory below is after loading
-        available = agreed_available_bytes(self.device, local_ranks)
-        if need <= available:
-            self.evaluation = "layerwise"
-            return self.evaluation
-        where = (
-            "its GPU"
-            if self.device.type == "cuda"
-            else f"each of the {local_ranks} ranks sharing its host's available memory"
-        )
-        shortfall = (
-            f"parallel.grid {self.grid.shape}: a layer-wise evaluation needs "
-            f"{need / 1e9:.2f} GB a rank beside what the rank holds (a layer's input and "
-            f"output over all {self.store.num_nodes:,} vertices, and one chunk of "
-            f"{chunk_rows:,} rows), but {where} has {available / 1e9:.2f} GB"
-        )
-        if asked == "auto":
-            self.evaluation = "neighbourhood"
-            self.metrics.note(
-                f"{shortfall}: evaluating in neighbourhoods instead (train.evaluation: "
-                "auto): each rank its share of the vertices, in pieces whose memory is "
-                "bounded by their adjacency entries, the hidden rows below the last layer "
-                "recomputed for each piece that needs them"
+
+        def available() -> tuple[int, str]:
+            where = (
+                "its GPU"
+                if self.device.type == "cuda"
+                else f"each of the {local_ranks} ranks sharing its host's available memory"
             )
-            return self.evaluation
-        raise ConfigError(
-            f"{shortfall}: the run would be killed for memory at its first evaluation. Set "
-            "train.evaluation to neighbourhood (or auto), whose memory is bounded by its "
-            "chunk; or give each rank more memory (fewer ranks a host, or larger hosts), "
-            "or use a grid whose ranks hold smaller shares (scalegnn plan ranks the grids "
-            "by memory)"
-        )
+            return agreed_available_bytes(self.device, local_ranks), where
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Full-graph accuracy per split: a layer-wise distributed forward in row chunks,
-        or each rank's share of the vertices from their neighbourhoods
-        (:attr:`evaluation`)."""
-        self.model.eval()
-        # What training kept goes back before the evaluation's peak, and glibc's mapping
-        # threshold is fixed at 32 MB: its dynamic one mapped a row chunk's temporaries
-        # afresh chunk after chunk (sparse 1M, one process: 18,000-21,000 page faults a
-        # round, 3,500-6,000 with it fixed).
-        return_freed_heap()
-        if self.evaluation == "neighbourhood":
-            counts = self._neighbourhood_counts()
-        else:
-            counts = full_graph_counts(self.model, self.store.full_graph(), self.objective)
-        release_free_heap()  # the evaluation's chunks, else the next one grows the heap
-        return {
-            f"{split}_acc": c / total if total else None for split, (c, total) in counts.items()
-        }
+        asked = self.cfg.train.evaluation
+        if self.cfg.train.evaluate:
+            choice = choose_evaluator(
+                asked, self.model, self.store, self.graph, self.objective, available
+            )
+            if choice.note is not None:
+                self.metrics.note(choice.note)
+            self.evaluator = choice.evaluator
+        return self.evaluation
 
-    def _neighbourhood_counts(self) -> dict[str, tuple[float, float]]:
-        """Counts of every vertex: this rank's range of them from their neighbourhoods
-        (:class:`~dgl_scalegnn.model.neighbourhood.NeighbourhoodEvaluator`), a chunk at a
-        time, summed over the world after each chunk (a small all-reduce). Every rank runs
-        as many chunks, so the ranks stay within a chunk of each other: none waits in a
-        collective for a whole evaluation (``parallel.timeout_s`` bounds that wait)."""
-        rank, world = self.grid.rank, self.grid.shape.world_size
-        num_nodes = self.store.num_nodes
-        bounds = split_bounds(num_nodes, world)
-        start, stop = bounds[rank], bounds[rank + 1]
-        model = one_rank_copy(self.model)
-        evaluator = NeighbourhoodEvaluator(model, self.graph, share=(rank, world))
-        total = torch.zeros(len(SPLITS), 2, dtype=torch.float64, device=self.device)
-        for index in range(chunk_count(num_nodes, world, COUNT_CHUNK_ROWS)):
-            first = min(stop, start + index * COUNT_CHUNK_ROWS)
-            last = min(stop, first + COUNT_CHUNK_ROWS)
-            total += reduce_over_world(evaluator.count_tensor((first, last)))  # on the device
-            release_free_heap()  # the chunk's pieces are freed: give their heap back
-        return split_counts(SPLITS, total)  # read back once
+    @property
+    def evaluation(self) -> str:
+        """The engine :attr:`evaluator` runs: ``layerwise`` or ``neighbourhood``."""
+        return self.evaluator.name
+
+    def evaluate(self) -> dict[str, float | None]:
+        """Full-graph accuracy per split (collective), by :attr:`evaluator`."""
+        return self.evaluator.accuracies()
 
     # ----------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
@@ -472,10 +400,8 @@ class Trainer:
         preempted: Preempted | None = None
         if cfg.sampling.prefetch:
             self._prefetcher = Prefetcher(self.sample, self.runtime.profiler, self.device)
-        reuse_freed_heap()  # a step's large blocks stay for the next step
-        self.heap_bound = HeapGrowthBound()  # ... until fragmentation has grown the heap
         try:
-            with self.requests.installed():
+            with self.requests.installed(), TrainingHeap() as self.heap:
                 while progress.epoch < cfg.train.epochs and not reached:
                     reached = self._run_epoch()
                     if self._budget_spent():
@@ -487,7 +413,6 @@ class Trainer:
         except Preempted as stop:
             preempted = stop
         finally:
-            return_freed_heap()
             if self._prefetcher is not None:
                 self._prefetcher.close()
                 self._prefetcher = None
@@ -570,7 +495,7 @@ class Trainer:
         batch = self._batch(progress.global_step)
         sample_seconds = time.perf_counter() - start
         loss = self.train_step(batch, start)
-        self.heap_bound.after_step()
+        self.heap.after_step()
         step_seconds = time.perf_counter() - start
         progress.train_seconds += step_seconds
         breakdown = profiler.snapshot(reset=True)
@@ -642,8 +567,8 @@ class Trainer:
         # the peaks before and after tell training's memory from the evaluation's
         peak_before = self._peak_memory_per_rank()
         start = time.perf_counter()
-        accuracy = self.evaluate()  # with glibc's default heap (return_freed_heap)
-        reuse_freed_heap()
+        with self.heap.evaluating():  # the evaluator sets its own heap phase
+            accuracy = self.evaluate()
         eval_seconds = time.perf_counter() - start
         if not self.has_split["val"]:
             progress.test_at_best_val = accuracy["test_acc"]  # no selection: the latest

@@ -3,7 +3,7 @@ of chunk rows, as GPUs with different free memory would.
 
 Run by :func:`tests.ranks.spawn_ranks` as ``tests.workers.chunk_agreement:main``. Rank
 ``r``'s device "allows" ``rows[r]`` rows a chunk (the chunk sizing of
-:mod:`~dgl_scalegnn.model.full_graph` stubbed per rank). Writes ``rank{r}.json``: the
+:mod:`~dgl_scalegnn.evaluation.memory` stubbed per rank). Writes ``rank{r}.json``: the
 accuracies of :meth:`~dgl_scalegnn.train.trainer.Trainer.evaluate` and, per layer, the
 chunk rows and chunk count it ran.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.model import full_graph
+from dgl_scalegnn.evaluation import layerwise, memory
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
@@ -25,15 +25,15 @@ from dgl_scalegnn.train.trainer import Trainer
 
 def main(base: dict, rows: list[int], out: str) -> None:
     rank = int(os.environ["RANK"])
-    full_graph.chunk_rows_for = lambda device, tp_size, memory: rows[rank]
+    memory.chunk_rows_for = lambda device, tp_size, memory: rows[rank]
     layers = []
-    chunks_of = full_graph.csr_row_chunks
+    chunks_of = layerwise.csr_row_chunks
 
     def recorded(block, chunk_rows, count, native=False):
         layers.append((chunk_rows, count))
         return chunks_of(block, chunk_rows, count, native)
 
-    full_graph.csr_row_chunks = recorded
+    layerwise.csr_row_chunks = recorded
     cfg = config_from_mapping(base)
     session = start_session(cfg.parallel)
     try:

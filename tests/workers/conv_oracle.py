@@ -14,7 +14,7 @@ import torch
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.model.full_graph import full_graph_forward
+from dgl_scalegnn.evaluation.layerwise import full_graph_forward
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer

@@ -20,7 +20,7 @@ from dgl_scalegnn.core.layout import Axis
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.grid import Grid4D
-from dgl_scalegnn.model.full_graph import full_graph_forward
+from dgl_scalegnn.evaluation.layerwise import full_graph_forward
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer

@@ -2,11 +2,11 @@
 
 Run by :func:`tests.ranks.spawn_ranks` as ``tests.workers.full_graph_eval:main``. For
 each model variant of the spec, saves ``rank{r}_{variant}.pt`` to ``spec["out"]``: the
-logits shard of :func:`~dgl_scalegnn.model.full_graph.full_graph_forward` (``spec["chunk_rows"]``
-rows per chunk) and of the training forward on a whole-graph batch built with
-:func:`~dgl_scalegnn.sampling.blocks.full_block` (the evaluation before the layer-wise
-one), the accuracy counts of both and those counted chunk by chunk
-(:func:`~dgl_scalegnn.model.full_graph.full_graph_counts`), and the bytes of the
+logits shard of :func:`~dgl_scalegnn.evaluation.layerwise.full_graph_forward`
+(``spec["chunk_rows"]`` rows per chunk) and of the training forward on a whole-graph
+batch built with :func:`~dgl_scalegnn.sampling.blocks.full_block` (the evaluation before
+the layer-wise one), the accuracy counts of both and those counted chunk by chunk
+(:func:`~dgl_scalegnn.evaluation.layerwise.full_graph_counts`), and the bytes of the
 evaluation's whole-graph matrices.
 """
 
@@ -19,11 +19,8 @@ import torch
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.model.full_graph import (
-    full_graph_buffer_bytes,
-    full_graph_counts,
-    full_graph_forward,
-)
+from dgl_scalegnn.evaluation.layerwise import full_graph_counts, full_graph_forward
+from dgl_scalegnn.evaluation.memory import full_graph_buffer_bytes
 from dgl_scalegnn.parallel.spmm import build_local_spmm
 from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.blocks import full_block

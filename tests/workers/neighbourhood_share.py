@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.model.neighbourhood import NeighbourhoodEvaluator, one_rank_copy
+from dgl_scalegnn.evaluation.neighbourhood import NeighbourhoodEvaluator, one_rank_copy
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer

@@ -7,16 +7,24 @@ name. It declares
 - :attr:`GraphLayer.kind`: what the schedule needs (the dense products after its SpMM,
   which move the layout, and the normalisation of the adjacency it multiplies by);
 - :meth:`GraphLayer.product_shards`: its parameters, their global shapes and splits;
-- :meth:`GraphLayer.product`: its forward on the grid, up to the output product;
+- :meth:`GraphLayer.product`: its forward on the grid, up to the output product, from
+  one :class:`LayerInput` (the input rows, their spec, the adjacency block), built from
+  the base class's :meth:`~GraphLayer.aggregate` and :meth:`~GraphLayer.own_rows_in`;
 - :meth:`GraphLayer.product_cost`: the collectives of that product and its backward;
-- :meth:`GraphLayer.reference`: the same product on one process, with DGL.
+- :meth:`GraphLayer.reference`: the same product on one process, with DGL;
+- optionally :attr:`GraphLayer.narrowing_weights`: the weights whose products with the
+  input it can aggregate instead, :math:`A (X W)` for :math:`(A X) W` (DGL's
+  ``GraphConv`` and ``SAGEConv`` order where :math:`W` narrows); its :meth:`product` then
+  takes :meth:`~GraphLayer.narrowed` where that is not ``None``, and reads nothing else
+  of the input.
 
 The base class adds what every layer shares: the output bias, the tail (RMSNorm, ReLU,
 hashed dropout, residual; :class:`~dgl_scalegnn.parallel.elementwise.LayerTail`), their
-parameters and costs, the one-TP-rank folding of the input projection into the
-aggregation, and, for a layer type that sets :attr:`GraphLayer.aggregates_narrowed`,
-the one-TP-rank order :math:`A (X W)` for a layer that narrows (DGL's ``GraphConv`` and
-``SAGEConv`` order): the SpMM then reads :math:`d_{out}` columns, not :math:`d_{in}`.
+parameters and costs, and what an evaluation hands a layer (:class:`EvaluationRows`,
+built by :mod:`~dgl_scalegnn.evaluation` alone): the rows of a chunk, the input
+projection folded into the first aggregation, the narrowed input. Aggregating and
+reading the own rows through the base class, a layer type evaluates in chunks as it
+trains, without knowing either.
 """
 
 from __future__ import annotations
@@ -48,7 +56,14 @@ from dgl_scalegnn.parallel.products import parallel_linear, parallel_spmm
 from dgl_scalegnn.parallel.redistribute import redistribute, redistribute_cost
 from dgl_scalegnn.parallel.spmm import LocalSpMM
 
-__all__ = ["GraphLayer", "Narrowed", "Product", "aggregate_reference"]
+__all__ = [
+    "GraphLayer",
+    "LayerInput",
+    "EvaluationRows",
+    "Narrowed",
+    "Product",
+    "aggregate_reference",
+]
 
 
 @dataclass(frozen=True)
@@ -63,10 +78,61 @@ class Product:
 
 
 @dataclass(frozen=True)
+class EvaluationRows:
+    """What a chunked evaluation gives a layer beside its input; only
+    :mod:`~dgl_scalegnn.evaluation` builds one (training never does).
+
+    ``own`` is the layer input at the block's output rows (the residual, a self term),
+    or, with ``narrowed``, that product's rows there. ``projection`` (one TP rank, the
+    first layer) is the input projection, folded after the aggregation: the layer input
+    is then the features. ``narrowed`` is the layer input times its narrowing weights
+    (:meth:`GraphLayer.narrowed_input`) at every input row, made once for all of a
+    layer's chunks: given it, the layer input itself is gone (:attr:`LayerInput.x` is
+    ``None``), so a layer reads neither.
+    """
+
+    own: torch.Tensor
+    projection: InputProjection | None = None
+    narrowed: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LayerInput:
+    """What a layer's forward reads: ``x``, every input row its SpMM reads, in ``spec``
+    (whose rows are the block's output rows), and ``adjacency``, the local block of its
+    plane for those rows; in an evaluation, ``evaluation`` too.
+
+    Raises
+    ------
+    ValueError
+        ``x`` given with a narrowed input, or neither: exactly one of them is the
+        layer's input.
+    """
+
+    x: torch.Tensor | None
+    spec: ShardSpec
+    adjacency: LocalSpMM
+    evaluation: EvaluationRows | None = None
+
+    def __post_init__(self) -> None:
+        narrowed = self.evaluation is not None and self.evaluation.narrowed is not None
+        if (self.x is None) != narrowed:
+            raise ValueError(
+                "a layer's input is x or, in an evaluation, its narrowed product: give "
+                f"exactly one (x {'missing' if self.x is None else 'given'}, narrowed "
+                f"{'given' if narrowed else 'missing'})"
+            )
+
+    @property
+    def projection(self) -> InputProjection | None:
+        """The input projection folded into this layer (an evaluation on one TP rank)."""
+        return None if self.evaluation is None else self.evaluation.projection
+
+
+@dataclass(frozen=True)
 class Narrowed:
     """A narrowing layer's input times its weights (:meth:`GraphLayer.narrowed_input`):
-    ``rows`` of every input row, which the SpMM reads, and ``own`` of the output rows
-    (``rows`` itself where the output is every input row)."""
+    ``rows`` of every input row, which the SpMM reads, and ``own`` of the output rows."""
 
     rows: torch.Tensor
     own: torch.Tensor
@@ -91,11 +157,12 @@ class GraphLayer(nn.Module):
 
     #: What the schedule needs of this layer type (overridden by each type).
     kind: ClassVar[LayerKind] = GCN_KIND
-    #: Whether the type's product has a term :math:`(A X) W` (parameter ``weight``) that
-    #: it can aggregate as :math:`A (X W)` (:meth:`narrows_first`). Its :meth:`product`
-    #: given ``narrowed`` then reads neither ``x`` nor ``own_rows``: a chunked evaluation
-    #: frees the input once narrowed and passes the narrowed matrix in its place.
-    aggregates_narrowed: ClassVar[bool] = False
+    #: The parameters whose products with the layer input the type can aggregate
+    #: instead of the input, :math:`\hat A (X W)` for :math:`(\hat A X) W`, in the
+    #: order their products are joined (:meth:`narrowed_input`); none by default. A
+    #: layer narrows where that is narrower (:meth:`narrows_first`), and its
+    #: :meth:`product` then reads :meth:`narrowed`, never the input.
+    narrowing_weights: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -133,16 +200,10 @@ class GraphLayer(nn.Module):
         """The parameters of the product (short names), for input layout ``layout``."""
         raise NotImplementedError
 
-    def product(
-        self,
-        x: torch.Tensor,
-        spec: ShardSpec,
-        adjacency: LocalSpMM,
-        own_rows: torch.Tensor | None,
-        projection: InputProjection | None,
-        narrowed: Narrowed | None,
-    ) -> Product:
-        """The product of ``x`` (in ``spec``) up to the output bias; see :meth:`forward`."""
+    def product(self, inputs: LayerInput) -> Product:
+        """The product of ``inputs`` up to the output bias, from the base class's parts:
+        :meth:`narrowed` (where the layer narrows: then read nothing else of the input),
+        :meth:`aggregate` and :meth:`own_rows_in`."""
         raise NotImplementedError
 
     @classmethod
@@ -190,7 +251,7 @@ class GraphLayer(nn.Module):
         False
         """
         return (
-            cls.aggregates_narrowed
+            bool(cls.narrowing_weights)
             and tp_size == 1
             and not projected
             and not widths.residual
@@ -199,29 +260,39 @@ class GraphLayer(nn.Module):
 
     @classmethod
     def narrowed_width(cls, widths: LayerWidths) -> int:
-        """The columns of :meth:`narrowed_input`: those of :meth:`narrowing_weight`."""
-        return widths.width_out
-
-    def narrowing_weight(self) -> torch.Tensor:
-        """What a narrowing layer multiplies its whole input by: ``weight``, the matrix
-        whose product it aggregates (a type with more terms in :math:`X` appends theirs)."""
-        return self.params["weight"]
+        """The columns of :meth:`narrowed_input`: one output's per narrowing weight."""
+        return len(cls.narrowing_weights) * widths.width_out
 
     def narrowed_input(
         self, x: torch.Tensor, spec: ShardSpec, projection: InputProjection | None
     ) -> torch.Tensor | None:
-        """:math:`X W` (:meth:`narrowing_weight`) for every row of ``x`` (in ``spec``)
-        where the layer aggregates it instead of :math:`X` (:meth:`narrows_first`, and no
-        gradient through ``x``); ``None`` elsewhere. A chunked evaluation computes it once
-        for all the layer's chunks."""
+        """:math:`X [W_1 | W_2 ...]` (:attr:`narrowing_weights`) for every row of ``x``
+        (in ``spec``) where the layer aggregates it instead of :math:`X`
+        (:meth:`narrows_first`, and no gradient through ``x``); ``None`` elsewhere. A
+        chunked evaluation computes it once for all the layer's chunks."""
         widths, runtime = self.widths, self.runtime
         if x.requires_grad or not self.narrows_first(
             widths, runtime.grid.shape.tp_size, projection is not None
         ):
             return None
+        weights = [self.params[name] for name in self.narrowing_weights]
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights, dim=1)
         input_spec = spec.with_layout(spec.layout, widths.width_in)
         width = self.narrowed_width(widths)
-        return parallel_linear(x, self.narrowing_weight(), input_spec, width, runtime)[0]
+        return parallel_linear(x, weight, input_spec, width, runtime)[0]
+
+    def narrowed(self, inputs: LayerInput) -> Narrowed | None:
+        """The narrowed input of every input row and of the output rows, where the layer
+        narrows (``None`` elsewhere): given by an evaluation, or made here where the
+        block's output rows are all its input rows (a training step whose input needs no
+        gradient, the features; an evaluation in one piece)."""
+        evaluation = inputs.evaluation
+        if evaluation is not None and evaluation.narrowed is not None:
+            return Narrowed(evaluation.narrowed, evaluation.own)
+        if inputs.adjacency.num_rows != inputs.x.shape[0]:
+            return None
+        whole = self.narrowed_input(inputs.x, inputs.spec, inputs.projection)
+        return None if whole is None else Narrowed(whole, whole)
 
     @classmethod
     def parameter_shards(
@@ -238,32 +309,17 @@ class GraphLayer(nn.Module):
         prefix = cls.prefix(widths.index)
         return {prefix + name: shard for name, shard in shards.items()}
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        spec: ShardSpec,
-        adjacency: LocalSpMM,
-        step: int,
-        own_rows: torch.Tensor | None = None,
-        projection: InputProjection | None = None,
-        narrowed: Narrowed | None = None,
-    ) -> tuple[torch.Tensor, ShardSpec]:
-        """``x`` in ``spec`` (layout :attr:`layout`) -> the layer's output and its spec.
+    def forward(self, inputs: LayerInput, step: int) -> tuple[torch.Tensor, ShardSpec]:
+        """``inputs`` (layout :attr:`layout`) -> the layer's output and its spec: the
+        :meth:`product`, the output bias, and the tail (dropout keyed by ``step``).
 
-        ``adjacency`` is the local block of :attr:`plane` for the output rows ``spec``
-        names; ``own_rows`` the rows of the layer input at the output rows (``x`` itself
-        unless the output covers only some rows of ``x``, as in chunked evaluation). With
-        ``projection`` (one TP rank only, where every layout is the whole matrix) ``x``
-        is the features and the layer input their projection, applied after the
-        aggregation (:meth:`aggregate`) so that the projected features are never whole.
-        ``narrowed`` is :meth:`narrowed_input` of ``x`` and of the output rows, computed
-        here where the block's output rows are all its input rows (training; an
-        evaluation in one chunk).
+        ``inputs.adjacency`` is the local block of :attr:`plane` for the output rows
+        ``inputs.spec`` names; in an evaluation ``inputs.evaluation`` gives the input at
+        those rows (the rows of ``x`` there, unless the output covers every row of
+        ``x``), the folded input projection and the narrowed input
+        (:class:`EvaluationRows`).
         """
-        if narrowed is None and adjacency.num_rows == x.shape[0]:
-            whole = self.narrowed_input(x, spec, projection)
-            narrowed = None if whole is None else Narrowed(whole, whole)
-        product = self.product(x, spec, adjacency, own_rows, projection, narrowed)
+        product = self.product(inputs)
         out_spec, runtime = product.spec, self.runtime
         hidden = add_bias(product.hidden, self.params.get("bias"), out_spec, runtime)
         if self.widths.outputs_classes:
@@ -278,7 +334,7 @@ class GraphLayer(nn.Module):
                 product.aggregated, product.aggregated_spec, out_spec.layout, runtime
             )
         elif self.widths.residual:
-            residual = self.own_rows_in(out_spec.layout, x, spec, own_rows, projection)
+            residual = self.own_rows_in(out_spec.layout, inputs)
         col_start, _ = out_spec.col_range(grid.shape, grid.coords)
         rows = out_spec.layout.rows
         # without autograd the tail writes over the product's own new matrix, which then
@@ -329,19 +385,17 @@ class GraphLayer(nn.Module):
             costs += redistribute_cost(source, out, cfg.hidden, sizes)
         return costs
 
-    def aggregate(
-        self,
-        x: torch.Tensor,
-        spec: ShardSpec,
-        adjacency: LocalSpMM,
-        projection: InputProjection | None,
-    ) -> tuple[torch.Tensor, ShardSpec]:
-        """:math:`A X` in ``spec.layout.after_spmm()``; with ``projection`` (one TP rank)
-        :math:`A (X W_{in} + 1 b_{in})` of the features ``x`` (:meth:`aggregate_projected`)."""
-        aggregated, aggregated_spec = parallel_spmm(x, adjacency, spec, self.runtime)
+    def aggregate(self, inputs: LayerInput) -> tuple[torch.Tensor, ShardSpec]:
+        """:math:`A X` in ``inputs.spec.layout.after_spmm()``; with a folded projection
+        (one TP rank) :math:`A (X W_{in} + 1 b_{in})` of the features ``x``
+        (:meth:`aggregate_projected`)."""
+        aggregated, aggregated_spec = parallel_spmm(
+            inputs.x, inputs.adjacency, inputs.spec, self.runtime
+        )
+        projection = inputs.projection
         if projection is None:
             return aggregated, aggregated_spec
-        aggregated = self.aggregate_projected(aggregated, adjacency, projection)
+        aggregated = self.aggregate_projected(aggregated, inputs.adjacency, projection)
         return aggregated, aggregated_spec.with_layout(aggregated_spec.layout, self.cfg.hidden)
 
     def aggregate_projected(
@@ -354,20 +408,14 @@ class GraphLayer(nn.Module):
         with self.runtime.profiler.region("gemm"):
             return projection.project_aggregated(aggregated, adjacency)
 
-    def own_rows_in(
-        self,
-        layout: Layout,
-        x: torch.Tensor,
-        spec: ShardSpec,
-        own_rows: torch.Tensor | None,
-        projection: InputProjection | None,
-    ) -> torch.Tensor:
-        """The layer input at the output rows (``own_rows``, or ``x``), projected when
-        ``projection`` is folded in, moved to ``layout``: the residual, or a layer type's
-        self term (SAGE's :math:`X W_{self}`)."""
-        rows = x if own_rows is None else own_rows
-        if projection is not None:
+    def own_rows_in(self, layout: Layout, inputs: LayerInput) -> torch.Tensor:
+        """The layer input at the output rows (the evaluation's ``own``, or ``x``),
+        projected when a projection is folded in, moved to ``layout``: the residual, or
+        a layer type's self term (SAGE's :math:`X W_{self}`)."""
+        evaluation = inputs.evaluation
+        rows = inputs.x if evaluation is None else evaluation.own
+        if inputs.projection is not None:
             with self.runtime.profiler.region("gemm"):
-                rows = projection.project_whole(rows)
-        input_spec = spec.with_layout(spec.layout, self.widths.width_in)
+                rows = inputs.projection.project_whole(rows)
+        input_spec = inputs.spec.with_layout(inputs.spec.layout, self.widths.width_in)
         return redistribute(rows, input_spec, layout, self.runtime)

@@ -20,11 +20,8 @@ from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.core.schedule import GCN_KIND, LayerWidths, ParamShard
-from dgl_scalegnn.model.convs.base import GraphLayer, Narrowed, Product, aggregate_reference
-from dgl_scalegnn.model.layers import InputProjection
-from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.model.convs.base import GraphLayer, LayerInput, Product, aggregate_reference
 from dgl_scalegnn.parallel.products import linear_cost, parallel_linear, parallel_spmm, spmm_cost
-from dgl_scalegnn.parallel.spmm import LocalSpMM
 
 __all__ = ["GCNLayer"]
 
@@ -42,7 +39,7 @@ class GCNLayer(GraphLayer):
     """
 
     kind = GCN_KIND
-    aggregates_narrowed = True
+    narrowing_weights = ("weight",)
 
     @classmethod
     def product_shards(
@@ -55,28 +52,21 @@ class GCNLayer(GraphLayer):
             )
         }
 
-    def product(
-        self,
-        x: torch.Tensor,
-        spec: ShardSpec,
-        adjacency: LocalSpMM,
-        own_rows: torch.Tensor | None,
-        projection: InputProjection | None,
-        narrowed: Narrowed | None,
-    ) -> Product:
-        widths, runtime, weight = self.widths, self.runtime, self.params["weight"]
+    def product(self, inputs: LayerInput) -> Product:
+        widths, runtime, spec = self.widths, self.runtime, inputs.spec
+        narrowed = self.narrowed(inputs)
         if narrowed is not None:
             # (Ã X) W = Ã (X W); one TP rank: every layout is the whole matrix, no collective.
             narrow = spec.with_layout(spec.layout, widths.width_out)
-            hidden = parallel_spmm(narrowed.rows, adjacency, narrow, runtime)[0]
+            hidden = parallel_spmm(narrowed.rows, inputs.adjacency, narrow, runtime)[0]
             aggregated_spec = spec.with_layout(spec.layout.after_spmm())
             out_spec = aggregated_spec.with_layout(
                 aggregated_spec.layout.after_linear(), widths.width_out
             )
             return Product(hidden, out_spec, hidden, aggregated_spec)  # no residual here
-        aggregated, aggregated_spec = self.aggregate(x, spec, adjacency, projection)
+        aggregated, aggregated_spec = self.aggregate(inputs)
         hidden, out_spec = parallel_linear(
-            aggregated, weight, aggregated_spec, widths.width_out, runtime
+            aggregated, self.params["weight"], aggregated_spec, widths.width_out, runtime
         )
         return Product(hidden, out_spec, aggregated, aggregated_spec)
 

@@ -27,14 +27,11 @@ from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.core.schedule import LayerKind, LayerWidths, ParamShard
-from dgl_scalegnn.model.convs.base import GraphLayer, Narrowed, Product, aggregate_reference
-from dgl_scalegnn.model.layers import InputProjection
+from dgl_scalegnn.model.convs.base import GraphLayer, LayerInput, Product, aggregate_reference
 from dgl_scalegnn.model.parameters import add_bias
 from dgl_scalegnn.parallel.norm import reduce_grad, reduce_grad_cost
-from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.parallel.products import linear_cost, parallel_linear, spmm_cost
 from dgl_scalegnn.parallel.redistribute import redistribute_cost
-from dgl_scalegnn.parallel.spmm import LocalSpMM
 
 __all__ = ["GINLayer"]
 
@@ -83,18 +80,10 @@ class GINLayer(GraphLayer):
             return self.cfg.gin_eps
         return reduce_grad(reduce_grad(eps, layout.rows, self.runtime), layout.cols, self.runtime)
 
-    def product(
-        self,
-        x: torch.Tensor,
-        spec: ShardSpec,
-        adjacency: LocalSpMM,
-        own_rows: torch.Tensor | None,
-        projection: InputProjection | None,
-        narrowed: Narrowed | None,
-    ) -> Product:
+    def product(self, inputs: LayerInput) -> Product:
         runtime, cfg = self.runtime, self.cfg
-        aggregated, aggregated_spec = self.aggregate(x, spec, adjacency, projection)
-        own = self.own_rows_in(aggregated_spec.layout, x, spec, own_rows, projection)
+        aggregated, aggregated_spec = self.aggregate(inputs)
+        own = self.own_rows_in(aggregated_spec.layout, inputs)
         combined = aggregated + (1 + self._eps(aggregated_spec.layout)) * own
         inner, inner_spec = parallel_linear(
             combined, self.params["hidden_weight"], aggregated_spec, cfg.hidden, runtime

@@ -48,9 +48,7 @@ from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.core.schedule import LayerKind, LayerWidths, ParamShard
-from dgl_scalegnn.model.convs.base import GraphLayer, Narrowed, Product, aggregate_reference
-from dgl_scalegnn.model.layers import InputProjection
-from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.model.convs.base import GraphLayer, LayerInput, Product, aggregate_reference
 from dgl_scalegnn.parallel.products import (
     linear_cost,
     parallel_linear_sum,
@@ -59,7 +57,6 @@ from dgl_scalegnn.parallel.products import (
     spmm_cost,
 )
 from dgl_scalegnn.parallel.redistribute import redistribute_cost
-from dgl_scalegnn.parallel.spmm import LocalSpMM
 
 __all__ = ["SAGELayer", "neighbour_mean"]
 
@@ -91,7 +88,9 @@ class SAGELayer(GraphLayer):
     """
 
     kind = LayerKind(linears=1, normalisation="sum")
-    aggregates_narrowed = True
+    #: ``[W | W_self]``: one pass over the input gives the aggregated term and the self
+    #: term of every row.
+    narrowing_weights = ("weight", "self_weight")
 
     @classmethod
     def product_shards(
@@ -101,26 +100,11 @@ class SAGELayer(GraphLayer):
         shard = ParamShard((widths.width_in, widths.width_out), (aggregated.cols, aggregated.rep))
         return {"self_weight": shard, "weight": shard}
 
-    @classmethod
-    def narrowed_width(cls, widths: LayerWidths) -> int:
-        return 2 * widths.width_out
-
-    def narrowing_weight(self) -> torch.Tensor:
-        """``[W | W_self]``: one pass over the input gives the aggregated term and the
-        self term of every row."""
-        return torch.cat((self.params["weight"], self.params["self_weight"]), dim=1)
-
-    def product(
-        self,
-        x: torch.Tensor,
-        spec: ShardSpec,
-        adjacency: LocalSpMM,
-        own_rows: torch.Tensor | None,
-        projection: InputProjection | None,
-        narrowed: Narrowed | None,
-    ) -> Product:
-        widths, runtime = self.widths, self.runtime
-        count = parallel_row_sums(x, adjacency, spec, runtime)[0]  # no gradient
+    def product(self, inputs: LayerInput) -> Product:
+        widths, runtime, spec, adjacency = self.widths, self.runtime, inputs.spec, inputs.adjacency
+        narrowed = self.narrowed(inputs)
+        like = inputs.x if narrowed is None else narrowed.rows  # the count's dtype and device
+        count = parallel_row_sums(like, adjacency, spec, runtime)[0]  # no gradient
         if narrowed is not None:  # one TP rank: every layout is the whole matrix
             out = widths.width_out  # narrowed: [X W | X W_self]
             narrow_spec = spec.with_layout(spec.layout, out)
@@ -133,10 +117,10 @@ class SAGELayer(GraphLayer):
             # without autograd into the SpMM's own new matrix (no residual reads it here)
             hidden = mean.add_(own) if not torch.is_grad_enabled() else own + mean
             return Product(hidden, out_spec, mean, aggregated_spec)
-        summed, aggregated_spec = self.aggregate(x, spec, adjacency, projection)
+        summed, aggregated_spec = self.aggregate(inputs)
         mean = neighbour_mean(summed, count)
         aggregated_spec = aggregated_spec.with_layout(aggregated_spec.layout, mean.shape[1])
-        own = self.own_rows_in(aggregated_spec.layout, x, spec, own_rows, projection)
+        own = self.own_rows_in(aggregated_spec.layout, inputs)
         # Both factors split their columns along the same axis, so the local blocks side
         # by side are a block of [X | mean] and one all-reduce completes both products.
         hidden, out_spec = parallel_linear_sum(

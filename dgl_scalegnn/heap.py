@@ -27,10 +27,13 @@ import ctypes
 import ctypes.util
 import functools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
     "HeapGrowthBound",
+    "TrainingHeap",
+    "evaluation_heap",
     "release_free_heap",
     "resident_mb",
     "reuse_freed_heap",
@@ -160,3 +163,52 @@ class HeapGrowthBound:
             return False
         self.releases += 1
         return True
+
+
+@contextlib.contextmanager
+def evaluation_heap() -> Iterator[None]:
+    """glibc's default heap for the block (:func:`return_freed_heap`), so that an
+    evaluation's row chunks are unmapped when freed, and its free pages given back after
+    (:func:`release_free_heap`), else the next evaluation grows the heap.
+
+    >>> with evaluation_heap():
+    ...     pass
+    """
+    return_freed_heap()
+    try:
+        yield
+    finally:
+        release_free_heap()
+
+
+class TrainingHeap:
+    """The heap of a training loop, a context manager: freed blocks kept for the next
+    step (:func:`reuse_freed_heap`), their growth bounded (:meth:`after_step`), glibc's
+    default again at the end; :meth:`evaluating` brings the reuse back after an
+    evaluation, which sets its own heap (:func:`evaluation_heap`).
+
+    >>> with TrainingHeap() as heap:
+    ...     heap.after_step() in (True, False)
+    True
+    """
+
+    def __enter__(self) -> TrainingHeap:
+        reuse_freed_heap()  # a step's large blocks stay for the next step
+        self.bound = HeapGrowthBound()  # ... until fragmentation has grown the heap
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return_freed_heap()
+
+    def after_step(self) -> bool:
+        """:meth:`HeapGrowthBound.after_step`."""
+        return self.bound.after_step()
+
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """An evaluation (or a checkpoint) between two steps: the steps' reuse of freed
+        blocks comes back after it."""
+        try:
+            yield
+        finally:
+            reuse_freed_heap()

@@ -1,9 +1,9 @@
 """Evaluation in neighbourhoods: memory bounded by its pieces, not by the graph.
 
-The layer-wise evaluation (:mod:`~dgl_scalegnn.model.full_graph`) holds a layer's input
+The layer-wise evaluation (:mod:`~dgl_scalegnn.evaluation.layerwise`) holds a layer's input
 and output over every vertex: at 10M vertices on 1x2x2x2 that is 2.6 GB a rank more than
 training. Here every rank takes its share of the vertices and computes their logits
-from their neighbourhoods (:mod:`~dgl_scalegnn.sampling.neighbourhood`) with a
+from their neighbourhoods (:mod:`~dgl_scalegnn.evaluation.hops`) with a
 one-process copy of the model (:func:`one_rank_copy`: the global parameters, gathered
 once a round). Layer :math:`l`'s output rows :math:`S` come from its input rows
 :math:`I \\supseteq S`,
@@ -36,13 +36,16 @@ import torch.distributed as dist
 from dgl_scalegnn.core.layout import INPUT_LAYOUT, split_bounds
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
-from dgl_scalegnn.model.full_graph import EVAL_STEP
+from dgl_scalegnn.evaluation.chunks import CSRRows, chunk_count
+from dgl_scalegnn.evaluation.hops import hop, hubs, pieces, read_vertex_rows
+from dgl_scalegnn.evaluation.layerwise import EVAL_STEP
+from dgl_scalegnn.heap import release_free_heap
+from dgl_scalegnn.model.convs.base import EvaluationRows, LayerInput
 from dgl_scalegnn.model.objective import Objective, split_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind
 from dgl_scalegnn.parallel.partition import RowPartition, ShardSpec
-from dgl_scalegnn.sampling.full_graph import CSRRows, FullGraph
-from dgl_scalegnn.sampling.neighbourhood import hop, hubs, pieces, read_vertex_rows
+from dgl_scalegnn.sampling.store import FullGraph
 
 __all__ = [
     "PIECE_ENTRIES",
@@ -51,6 +54,7 @@ __all__ = [
     "HUB_CACHE_BYTES",
     "one_rank_copy",
     "NeighbourhoodEvaluator",
+    "neighbourhood_counts",
 ]
 
 #: Adjacency entries of a piece at every depth of the recursion: its input rows are at
@@ -196,7 +200,8 @@ class NeighbourhoodEvaluator:
         block = step.block.to(device)
         adjacency = CSRRows(block, 0, block.row_stop, (0, block.nnz), model.layer_tail.native)
         own = x.index_select(0, torch.from_numpy(step.own).to(device))
-        return layer(x, input_spec, adjacency, EVAL_STEP, own, projection)[0]
+        inputs = LayerInput(x, input_spec, adjacency, EvaluationRows(own, projection))
+        return layer(inputs, EVAL_STEP)[0]
 
     def _inputs(self, index: int, vertices: np.ndarray) -> torch.Tensor:
         """Layer ``index``'s output at ``vertices``: the kept rows of the hubs among them,
@@ -277,3 +282,30 @@ class NeighbourhoodEvaluator:
     ) -> dict[str, tuple[float, float]]:
         """:meth:`count_tensor`, per split, read back once."""
         return split_counts(SPLITS, self.count_tensor(vertices, chunk_rows))
+
+
+def neighbourhood_counts(
+    model: ParallelScaleGNN, graph: PreparedGraph
+) -> dict[str, tuple[float, float]]:
+    """Per split, (correct, total) over every vertex of ``graph``, summed over the world
+    (collective): each rank evaluates its range of the vertices from their neighbourhoods
+    (:class:`NeighbourhoodEvaluator` of :func:`one_rank_copy`), :data:`COUNT_CHUNK_ROWS` at
+    a time, and the counts are summed over the world after each chunk (a small
+    all-reduce, added up on the device and read back once). Every rank runs as many
+    chunks, so the ranks stay within a chunk of each other: none waits in a collective
+    for a whole evaluation (``parallel.timeout_s`` bounds that wait)."""
+    grid = model.runtime.grid
+    rank, world = grid.rank, grid.shape.world_size
+    num_nodes = graph.meta.num_nodes
+    bounds = split_bounds(num_nodes, world)
+    start, stop = bounds[rank], bounds[rank + 1]
+    copy = one_rank_copy(model)
+    evaluator = NeighbourhoodEvaluator(copy, graph, share=(rank, world))
+    device = next(copy.parameters()).device
+    total = torch.zeros(len(SPLITS), 2, dtype=torch.float64, device=device)
+    for index in range(chunk_count(num_nodes, world, COUNT_CHUNK_ROWS)):
+        first = min(stop, start + index * COUNT_CHUNK_ROWS)
+        last = min(stop, first + COUNT_CHUNK_ROWS)
+        total += reduce_over_world(evaluator.count_tensor((first, last)))
+        release_free_heap()  # the chunk's pieces are freed: give their heap back
+    return split_counts(SPLITS, total)

@@ -1,8 +1,8 @@
-"""Full-graph evaluation of the parallel model, for every registered layer type.
+"""Layer-wise full-graph evaluation of the parallel model, for every layer type.
 
 The model's layers in evaluation mode, applied to one chunk of a layer's output rows at
 a time and multiplying by the resident CSR blocks
-(:mod:`~dgl_scalegnn.sampling.full_graph`): the only full-size buffers are a layer's
+(:mod:`~dgl_scalegnn.evaluation.chunks`): the only full-size buffers are a layer's
 input and output. The head runs on each chunk of the last layer's output, so the last
 hidden matrix is never whole. On one TP rank, where every layout is the whole matrix,
 the first layer reads the features themselves (no copy) and applies the input
@@ -15,52 +15,34 @@ reads it from the cache); a first layer multiplies its whole input once and free
 
 No chunk waits for the device: a chunk's rows and their split are known on the host,
 and each layer reads the entry ranges of all its chunks' CSR rows at once (one wait per
-layer). A layer only sees the chunk's adjacency rows and the chunk's own input rows
-(:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.forward`), so every layer type
-evaluates the same way. An evaluation that wants only the accuracy counts
+layer). A layer only sees the chunk's adjacency rows and, in an
+:class:`~dgl_scalegnn.model.convs.base.EvaluationRows`, the chunk's own input rows, so
+every layer type evaluates the same way. An evaluation that wants only the accuracy counts
 (:func:`full_graph_counts`) counts each chunk of logits as the last layer makes it:
 the logits matrix is never whole either.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
-from dgl_scalegnn.core.layout import INPUT_LAYOUT, Axis
-from dgl_scalegnn.distributed.comm import all_reduce, reduce_over_world
+from dgl_scalegnn.core.layout import INPUT_LAYOUT
+from dgl_scalegnn.distributed.comm import all_reduce
+from dgl_scalegnn.evaluation.buffer_plan import Matrix
+from dgl_scalegnn.evaluation.chunks import RowChunk, chunk_count, csr_row_chunks, row_chunks
+from dgl_scalegnn.evaluation.memory import agreed_chunk_rows, buffer_plan
 from dgl_scalegnn.model.convs import GraphLayer
-from dgl_scalegnn.model.convs.base import Narrowed
+from dgl_scalegnn.model.convs.base import EvaluationRows, LayerInput
 from dgl_scalegnn.model.layers import Head, InputProjection
 from dgl_scalegnn.model.objective import Objective, split_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
-from dgl_scalegnn.sampling.full_graph import (
-    ChunkMemory,
-    FullGraph,
-    RowChunk,
-    buffer_peak,
-    chunk_count,
-    chunk_rows_for,
-    csr_copy_entry_bytes,
-    csr_row_chunks,
-    largest_part_rows,
-    row_chunks,
-)
+from dgl_scalegnn.sampling.store import FullGraph
 
-__all__ = [
-    "EVAL_STEP",
-    "full_graph_forward",
-    "full_graph_counts",
-    "full_graph_chunk_rows",
-    "agreed_chunk_rows",
-    "full_graph_memory",
-    "full_graph_buffer_bytes",
-]
+__all__ = ["EVAL_STEP", "full_graph_forward", "full_graph_counts"]
 
 #: Step key of full-graph evaluation (no dropout, so it only has to be some integer).
 EVAL_STEP = -1
@@ -68,62 +50,6 @@ EVAL_STEP = -1
 #: What receives each chunk of logits where they are counted instead of kept: the
 #: chunk, its logits and their spec (the chunk's rows).
 ChunkSink = Callable[[RowChunk, torch.Tensor, ShardSpec], None]
-
-
-@dataclass(frozen=True)
-class _Buffers:
-    """The whole-graph matrices of an evaluation, as specs: ``first`` the first layer's
-    input (``owned``: made by the evaluation, not the features read in place) and
-    ``outputs`` each layer's output (the last one the head's logits, where there is a
-    head; the head's alone for a model without graph layers); ``narrowed`` each layer's
-    input times its weight, where the layer aggregates that (``None`` elsewhere)."""
-
-    first: ShardSpec
-    owned: bool
-    outputs: tuple[ShardSpec, ...]
-    fold: bool  # the first layer projects its aggregation (one TP rank)
-    narrowed: tuple[ShardSpec | None, ...]
-
-
-def _buffers(model: ParallelScaleGNN, graph: FullGraph) -> _Buffers:
-    cfg, grid = model.cfg, model.runtime.grid
-    one_tp_rank = grid.shape.tp_size == 1
-    fold = one_tp_rank and cfg.input_projection and bool(model.layers)
-    projected = cfg.input_projection and not fold
-    width = cfg.hidden if projected else model.in_features
-    spec = ShardSpec(INPUT_LAYOUT.after_linear(), graph.rows, width)
-    outputs, narrowed = [], []
-    if not model.layers:  # the head on the whole input
-        outputs.append(spec.with_layout(spec.layout.after_linear(), model.num_classes))
-    out_spec = spec
-    for layer in model.layers:
-        widths = layer.widths
-        narrows = layer.narrows_first(widths, grid.shape.tp_size, fold and widths.index == 0)
-        narrow_spec = out_spec.with_layout(out_spec.layout, layer.narrowed_width(widths))
-        narrowed.append(narrow_spec if narrows else None)
-        out_spec = out_spec.with_layout(layer.kind.output_layout(out_spec.layout), widths.width_out)
-        outputs.append(out_spec)
-    if model.layers and model.head is not None:  # rows stay, classes along the head's columns
-        outputs[-1] = out_spec.with_layout(out_spec.layout.after_linear(), model.num_classes)
-    owned = not (one_tp_rank and not projected)
-    return _Buffers(spec, owned, tuple(outputs), fold, tuple(narrowed))
-
-
-def full_graph_buffer_bytes(model: ParallelScaleGNN, graph: FullGraph) -> int:
-    """Peak bytes of the whole-graph matrices :func:`full_graph_forward` holds on this rank
-    at once (:func:`~dgl_scalegnn.sampling.full_graph.buffer_peak`): a layer's input and
-    output (and its narrowed input), beside the features and the adjacency the rank keeps
-    anyway."""
-    grid = model.runtime.grid
-    buffers = _buffers(model, graph)
-    element = graph.features.element_size()
-
-    def size(spec: ShardSpec | None) -> int:
-        return 0 if spec is None else math.prod(spec.local_shape(grid.shape, grid.coords)) * element
-
-    sizes = [size(spec) for spec in (buffers.first, *buffers.outputs)]
-    narrowed = [size(spec) for spec in buffers.narrowed]
-    return int(buffer_peak(sizes, input_owned=buffers.owned, narrowed=narrowed))
 
 
 @torch.no_grad()
@@ -136,7 +62,7 @@ def full_graph_forward(
     ``chunk_rows`` output rows per rank (by default sized for the devices and agreed by
     every rank: :func:`agreed_chunk_rows`, a collective); the SpMMs on the native CPU
     loop where the model's native kernels are on
-    (:class:`~dgl_scalegnn.sampling.full_graph.CSRRows`).
+    (:class:`~dgl_scalegnn.evaluation.chunks.CSRRows`).
     ``model`` must be in evaluation mode.
     """
     logits, spec = _forward(model, graph, chunk_rows, None)
@@ -195,29 +121,34 @@ def _forward(
         raise RuntimeError("full-graph evaluation: call model.eval() first")
     if chunk_rows is None:
         chunk_rows = agreed_chunk_rows(model, graph)
-    buffers = _buffers(model, graph)
-    spec = buffers.first
+    plan = buffer_plan(model)
+
+    def spec_of(matrix: Matrix) -> ShardSpec:
+        return ShardSpec(matrix.layout, graph.rows, matrix.width)
+
+    spec = spec_of(plan.first)
 
     def project(chunk: RowChunk) -> torch.Tensor:
         chunk_spec = ShardSpec(INPUT_LAYOUT, chunk.rows, model.in_features)
         features = graph.features[chunk.start : chunk.stop]
         return model.input_layer(features, chunk_spec, EVAL_STEP)[0]
 
-    if buffers.owned:
+    if plan.owned:
         hidden = _by_row_chunks(model, spec, chunk_rows, graph.features.dtype, project)
     else:
         hidden = graph.features  # every layout is the whole matrix: no copy
     if not model.layers:  # full_graph_counts gives no sink here
         return model.head(hidden, spec)
-    projection = model.input_layer if buffers.fold else None
-    for index, (layer, out_spec) in enumerate(zip(model.layers, buffers.outputs)):
+    projection = model.input_layer if plan.fold else None
+    for index, (layer, output) in enumerate(zip(model.layers, plan.outputs)):
         last = index == len(model.layers) - 1
         head = model.head if last else None
+        out_spec = spec_of(output)
         # a narrowing layer after the first gets its narrowed input from the layer before
-        given_narrowed = index > 0 and buffers.narrowed[index] is not None
-        then_spec = None if last else buffers.narrowed[index + 1]
-        then = None if then_spec is None else model.layers[index + 1]
-        made_spec = out_spec if then_spec is None else then_spec
+        given_narrowed = index > 0 and plan.narrowed[index] is not None
+        then_matrix = None if last else plan.narrowed[index + 1]
+        then = None if then_matrix is None else model.layers[index + 1]
+        made_spec = out_spec if then_matrix is None else spec_of(then_matrix)
         # _layer takes the only reference: the input is freed once the output is
         # complete, or once narrowed
         taken = [hidden]
@@ -233,65 +164,6 @@ def _forward(
         )
         spec, projection = out_spec, None
     return hidden, spec
-
-
-def full_graph_memory(model: ParallelScaleGNN, graph: FullGraph) -> ChunkMemory:
-    """What evaluating ``graph`` takes on this rank: the
-    :class:`~dgl_scalegnn.sampling.full_graph.ChunkMemory` of the model's widths and the
-    graph's entries per row (each taking
-    :func:`~dgl_scalegnn.sampling.full_graph.csr_copy_entry_bytes` while a chunk's CSR is
-    built), beside the whole-graph matrices (:func:`full_graph_buffer_bytes`) and the ids
-    of every vertex (``graph.rows``, made for the evaluation)."""
-    entries_per_row, entry_bytes = max(
-        (
-            (
-                block.nnz / max(1, block.row_stop - block.row_start),
-                csr_copy_entry_bytes(block.indices.element_size(), block.row_scale.element_size()),
-            )
-            for block in graph.blocks.values()
-        ),
-        default=(0.0, 0),
-    )
-    ids = graph.rows.vertex_ids
-    shape = model.runtime.grid.shape
-    narrowest_split = min(shape.size(axis) for axis in Axis)  # columns split along one
-    widths = (model.in_features, model.cfg.hidden, model.num_classes)
-    return ChunkMemory.of(
-        widest_cols=max(math.ceil(width / narrowest_split) for width in widths),
-        entries_per_row=entries_per_row,
-        reserved_bytes=full_graph_buffer_bytes(model, graph) + ids.numel() * ids.element_size(),
-        element_bytes=graph.features.element_size(),
-        entry_bytes=entry_bytes,
-    )
-
-
-def full_graph_chunk_rows(
-    model: ParallelScaleGNN, graph: FullGraph, memory: ChunkMemory | None = None
-) -> int:
-    """Output rows per chunk that this rank's device has room for in evaluating ``graph``
-    (:func:`~dgl_scalegnn.sampling.full_graph.chunk_rows_for` with ``memory``, by default
-    :func:`full_graph_memory`), at most the rows it holds of a layer's matrix
-    (:func:`~dgl_scalegnn.sampling.full_graph.largest_part_rows`): more would be counted
-    in the memory it needs, never used."""
-    memory = memory if memory is not None else full_graph_memory(model, graph)
-    shape = model.runtime.grid.shape
-    room = chunk_rows_for(graph.features.device, shape.tp_size, memory)
-    return min(room, largest_part_rows(graph.rows.num_nodes, shape))
-
-
-def agreed_chunk_rows(
-    model: ParallelScaleGNN, graph: FullGraph, memory: ChunkMemory | None = None
-) -> int:
-    """Output rows per chunk and rank of an evaluation, the same on every rank: the fewest
-    of :func:`full_graph_chunk_rows` over the ranks (one all-reduce: every rank must call
-    it). Ranks whose devices have different room would otherwise run different chunks:
-    their collectives would not match (a hang), and the data-parallel replicas, which
-    share the chunks out, would count some rows twice and others never."""
-    rows = full_graph_chunk_rows(model, graph, memory)
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return rows
-    mine = torch.tensor([rows], dtype=torch.int64, device=graph.features.device)
-    return int(reduce_over_world(mine, dist.ReduceOp.MIN).item())
 
 
 @dataclass(frozen=True)
@@ -349,12 +221,11 @@ def _layer(
         # The SpMM reads every input row; the spec only carries the layout and names the
         # chunk's rows, which the output keeps.
         input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
-        own_rows = chunk.rows_of(layer_input, layout.rows, coords, input_start)
-        rows = None if narrowed is None else Narrowed(narrowed, own_rows)
-        adjacency = adjacency_chunks[chunk.index]
-        out, layer_spec = layer(
-            layer_input, input_spec, adjacency, EVAL_STEP, own_rows, projection, rows
-        )
+        own = chunk.rows_of(layer_input, layout.rows, coords, input_start)
+        rows = EvaluationRows(own, projection, narrowed)
+        x = None if narrowed is not None else layer_input  # the narrowed input replaces it
+        inputs = LayerInput(x, input_spec, adjacency_chunks[chunk.index], rows)
+        out, layer_spec = layer(inputs, EVAL_STEP)
         if layer_pass.head is not None:
             return layer_pass.head(out, layer_spec)[0]
         if layer_pass.then is not None:  # narrowed while the chunk is in the cache
