@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from dgl_scalegnn.config import Config, ConfigError, InputError, load_config
+from dgl_scalegnn.config import Config, ConfigError, load_config
+from dgl_scalegnn.errors import InputError
 
 if TYPE_CHECKING:
     from dgl_scalegnn.data.prepared import GraphMeta

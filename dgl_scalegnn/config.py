@@ -4,7 +4,7 @@ A config file has the sections ``data``, ``model``, ``sampling``, ``train``,
 ``parallel``, ``optim`` and ``output``. Unknown keys, wrong types and impossible values
 are refused with a :class:`ConfigError` that names the key, the value and what is
 expected. ``--set section.key=value`` overrides take YAML scalars. Numbers are read as
-YAML 1.2 reads them (``1e-3`` and ``-.5`` are floats; PyYAML alone reads them as strings);
+YAML 1.2 reads them (:mod:`~dgl_scalegnn.yaml_reader`: ``1e-3`` and ``-.5`` are floats);
 a float that equals an int is accepted where an int is (``batch_size: 1e4``), and float
 settings must be finite (``.nan`` and ``.inf`` are refused).
 
@@ -22,21 +22,16 @@ import dataclasses
 import math
 import os
 import re
-import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
+from dgl_scalegnn.errors import InputError
+from dgl_scalegnn.yaml_reader import parse_yaml
 
 __all__ = [
-    "InputError",
-    "ResourceError",
-    "BAD_INPUT_EXIT_CODE",
-    "RESOURCE_EXIT_CODE",
-    "INTERRUPTED_EXIT_CODE",
     "ConfigError",
     "DataConfig",
     "SyntheticConfig",
@@ -63,53 +58,6 @@ __all__ = [
 ]
 
 
-class InputError(Exception):
-    """Bad input (a config, a grid, a dataset, a checkpoint) rather than a failure of
-    the program: ``scalegnn`` says it in one line, on the one rank that found it, and
-    exits with code 2."""
-
-
-#: Lines of a stack trace that an error message may embed (DGL's C++ errors end in
-#: "Stack trace:" and "[bt] (0) ..." lines), and blank lines: not said on the terminal.
-_TRACE_LINE = re.compile(
-    r"\s*(?:$|Stack trace:|\[bt\] \(\d+\)|Traceback \(most recent call last\):"
-    r"|File \".*\", line \d+)"
-)
-
-
-def say_input_error(error: BaseException) -> None:
-    """Say ``error`` on stderr in one line, ``scalegnn: error: `` and the first line of its
-    message that says something (the rest is a trace or a continuation; the error's type
-    name if none does).
-
-    >>> import contextlib, io
-    >>> error = InputError("data.path: no such file\\nTraceback (most recent call last):")
-    >>> with contextlib.redirect_stderr(io.StringIO()) as said:
-    ...     say_input_error(error)
-    >>> said.getvalue()
-    'scalegnn: error: data.path: no such file\\n'
-    """
-    lines = [line.strip() for line in str(error).splitlines() if not _TRACE_LINE.match(line)]
-    print(f"scalegnn: error: {lines[0] if lines else type(error).__name__}", file=sys.stderr)
-    sys.stderr.flush()
-
-
-#: Exit code of bad input (:class:`InputError`): the same on every rank and launcher.
-BAD_INPUT_EXIT_CODE = 2
-#: Exit code of a run the machine could not carry (:class:`ResourceError`): a full disk,
-#: a path that cannot be written, a rank out of memory. Fix the machine, then resume.
-RESOURCE_EXIT_CODE = 74
-#: Exit code of a command interrupted by Ctrl-C (``SIGINT``) outside training, the
-#: shell's 128 + 2: nothing is wrong with the input or the machine.
-INTERRUPTED_EXIT_CODE = 130
-
-
-class ResourceError(Exception):
-    """The machine lacks what the run needs (disk space, memory, a writable path) rather
-    than the input being wrong: ``scalegnn`` says it in one line and exits with
-    :data:`RESOURCE_EXIT_CODE` (74, ``EX_IOERR`` of sysexits.h)."""
-
-
 class ConfigError(InputError, ValueError):
     """A configuration value that cannot be used; the message names the key."""
 
@@ -129,60 +77,6 @@ DATASET_NAMES = (
 
 #: How ``data.feature_norm`` scales the features (see :mod:`dgl_scalegnn.data.features`).
 FEATURE_NORMS = ("none", "row", "standardize")
-
-
-def default_cache_dir(*parts: str) -> Path:
-    """Where staged raw files, DGL's processed caches, prepared graphs and the native
-    kernels' builds go (or the directory ``parts`` below it), private to this user.
-
-    Code is loaded from these directories (DGL unpickles its processed files, the
-    kernels are shared libraries), so each directory from the cache root down to
-    ``parts`` is created with mode 0700 whatever the umask, and one that exists must
-    belong to this user and be writable by no one else.
-
-    Returns
-    -------
-    Path
-        ``$SCALEGNN_CACHE_DIR``, or ``dgl_scalegnn`` in the user's cache directory
-        (``$XDG_CACHE_HOME``, by default ``~/.cache``), joined with ``parts``.
-
-    Raises
-    ------
-    ConfigError
-        If one of these directories cannot be created, is not a directory, is another
-        user's, or is writable by its group or by others (refused, not repaired: someone
-        else may already have put files in it).
-    """
-    configured = os.environ.get("SCALEGNN_CACHE_DIR")
-    user_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    directory = Path(configured) if configured else Path(user_cache) / "dgl_scalegnn"
-    fix = "set SCALEGNN_CACHE_DIR to a directory of your own"
-    for part in ("", *parts):
-        directory = directory / part
-        try:
-            directory.mkdir(mode=0o700, parents=not part)
-        except FileExistsError:
-            pass
-        except OSError as error:
-            raise ConfigError(f"cache directory {str(directory)!r}: {error}; {fix}") from None
-        else:
-            os.chmod(directory, 0o700)  # mkdir's mode passes through the umask
-        if not directory.is_dir():
-            raise ConfigError(f"cache directory {str(directory)!r} is not a directory; {fix}")
-        status = directory.stat()
-        if status.st_uid != os.geteuid():
-            raise ConfigError(
-                f"cache directory {str(directory)!r} belongs to uid {status.st_uid}, not to "
-                f"you (uid {os.geteuid()}), and code is loaded from it; {fix}"
-            )
-        if status.st_mode & 0o022:
-            raise ConfigError(
-                f"cache directory {str(directory)!r} is writable by its group or others (mode "
-                f"{status.st_mode & 0o7777:04o}), and code is loaded from it: if no one else "
-                f"could write in it, run `chmod -R go-w {directory}`; otherwise delete it or "
-                f"{fix}"
-            )
-    return directory
 
 
 @dataclass(frozen=True)
@@ -763,38 +657,6 @@ def _dotted_keys(mapping: dict[str, Any], prefix: str = "") -> list[str]:
     return keys
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, reading numbers as YAML 1.2 does.
-
-    PyYAML implements YAML 1.1, whose floats need a dot and a signed exponent: it reads
-    ``1e-3``, ``1E6``, ``1.0e5`` and ``-.5`` as strings. The resolver added below (tried
-    after YAML 1.1's own, so ints, timestamps and YAML 1.1's floats are read as before)
-    reads them as floats.
-    """
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\.[0-9][0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?$"),
-    list("-+.0123456789"),
-)
-
-
-def _parse_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """What is wrong and where, in one line (PyYAML's message quotes the text over lines)."""
-    problem, mark = getattr(error, "problem", None), getattr(error, "problem_mark", None)
-    if problem is None or mark is None:
-        return " ".join(str(error).split())
-    context = getattr(error, "context", None)
-    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (
-        f" ({context})" if context else ""
-    )
-
-
 def apply_overrides(mapping: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` strings (values parsed as YAML scalars) to a copy."""
     result = _deep_copy(mapping)
@@ -809,7 +671,10 @@ def apply_overrides(mapping: dict[str, Any], overrides: list[str]) -> dict[str, 
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
             node = child
-        node[parts[-1]] = _parse_yaml(raw) if raw.strip() else None
+        try:
+            node[parts[-1]] = parse_yaml(raw) if raw.strip() else None
+        except ValueError as error:
+            raise ConfigError(f"--set {key}: {raw!r} is not a YAML value: {error}") from None
     return result
 
 
@@ -850,11 +715,9 @@ def load_config(path: str | os.PathLike[str] | None, overrides: list[str] | None
         file = Path(path)
         text = _config_text(file)
         try:
-            loaded = _parse_yaml(text)
-        except yaml.YAMLError as error:
-            raise ConfigError(
-                f"config file {str(file)!r} is not valid YAML: {_yaml_problem(error)}"
-            ) from None
+            loaded = parse_yaml(text)
+        except ValueError as error:
+            raise ConfigError(f"config file {str(file)!r} is not valid YAML: {error}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(
                 f"config file {str(file)!r}: expected a mapping of sections, "

@@ -203,6 +203,22 @@ def test_malformed_yaml_is_refused_in_one_line_with_its_place(tmp_path):
     assert "expected ',' or ']'" in message
 
 
+@pytest.mark.parametrize(
+    ("how", "text", "said"),
+    [
+        ("--set", "[1, 2", "--set model.hidden: '[1, 2' is not a YAML value: line 1, column 6: "),
+        ("--set", "2020-13-45", "--set model.hidden: '2020-13-45' is not a YAML value: month must"),
+        ("file", "2020-13-45", "is not valid YAML: month must be in 1..12"),
+    ],
+)
+def test_a_value_yaml_cannot_read_is_refused_in_one_line(tmp_path, how, text, said):
+    """A --set value that is not YAML, or a date that does not exist (YAML reads
+    ``2020-13-45`` as one), is a ConfigError naming the key, not PyYAML's traceback."""
+    with pytest.raises(ConfigError) as refused:
+        _load(tmp_path, how, "model.hidden", text)
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
 # ------------------------------------------------------------------- the command line
 TINY = [
     "data.synthetic.num_nodes=120",

@@ -18,10 +18,11 @@ import time
 import pytest
 
 import yaml
-from dgl_scalegnn.config import BAD_INPUT_EXIT_CODE, ConfigError, config_from_mapping
+from dgl_scalegnn.config import ConfigError, config_from_mapping
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.datasets import load_dataset
 from dgl_scalegnn.data.prepared import prepare_in_memory
+from dgl_scalegnn.errors import BAD_INPUT_EXIT_CODE
 from dgl_scalegnn.perfmodel import Workload, eval_memory_bytes
 from dgl_scalegnn.train import defaults
 from dgl_scalegnn.train.metrics import read_metrics

@@ -14,11 +14,7 @@ import pytest
 
 import yaml
 from dgl_scalegnn.cli import main as cli_main
-from dgl_scalegnn.config import (
-    BAD_INPUT_EXIT_CODE,
-    INTERRUPTED_EXIT_CODE,
-    RESOURCE_EXIT_CODE,
-)
+from dgl_scalegnn.errors import BAD_INPUT_EXIT_CODE, INTERRUPTED_EXIT_CODE, RESOURCE_EXIT_CODE
 from dgl_scalegnn.train import run
 from dgl_scalegnn.train.checkpoint import choose_checkpoint
 from dgl_scalegnn.train.trainer import Trainer

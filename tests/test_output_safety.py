@@ -26,7 +26,7 @@ import torch
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.cli import main
-from dgl_scalegnn.config import RESOURCE_EXIT_CODE
+from dgl_scalegnn.errors import RESOURCE_EXIT_CODE
 from dgl_scalegnn.train.metrics import read_metrics
 from dgl_scalegnn.train.trainer import Trainer
 from tests.helpers import random_dataset

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from dgl_scalegnn.cli import main as cli_main
-from dgl_scalegnn.config import RESOURCE_EXIT_CODE
 from dgl_scalegnn.data import streaming
 from dgl_scalegnn.data.prepared import verify_prepared
+from dgl_scalegnn.errors import RESOURCE_EXIT_CODE
 from tests.ranks import spawn_ranks, start_ranks
 
 

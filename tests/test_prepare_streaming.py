@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import BAD_INPUT_EXIT_CODE, DataConfig, SyntheticConfig
+from dgl_scalegnn.config import DataConfig, SyntheticConfig
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.cache import cache_directory, prepare_cached
 from dgl_scalegnn.data.datasets import dataset_from_graph, file_identity
@@ -24,6 +24,7 @@ from dgl_scalegnn.data.source import source_from_dataset
 from dgl_scalegnn.data.streaming import MemoryBudget, prepare_streaming
 from dgl_scalegnn.data.synthetic import generate, synthetic_source
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
+from dgl_scalegnn.errors import BAD_INPUT_EXIT_CODE
 from tests.helpers import random_dataset
 from tests.ranks import spawn_ranks
 from tests.test_prepared import _independent_share

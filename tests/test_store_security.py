@@ -19,17 +19,18 @@ import threading
 import psutil
 import pytest
 import torch.distributed as dist
-
-import yaml
-from dgl_scalegnn.cli import main as cli_main
-from dgl_scalegnn.config import BAD_INPUT_EXIT_CODE, ConfigError
 from dgl_scalegnn.distributed.bootstrap import (
     SECRET_VARIABLE,
     JobStore,
     LaunchInfo,
     init_distributed,
 )
+
+import yaml
+from dgl_scalegnn.cli import main as cli_main
+from dgl_scalegnn.config import ConfigError
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog, stopped_the_job
+from dgl_scalegnn.errors import BAD_INPUT_EXIT_CODE
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.helpers import ROOT, launched
 from tests.ranks import reserve_port, spawn_ranks, start_ranks

@@ -10,8 +10,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from dgl_scalegnn.config import InputError, grid_sizes
+from dgl_scalegnn.config import grid_sizes
 from dgl_scalegnn.core.layout import Axis
+from dgl_scalegnn.errors import InputError
 
 __all__ = ["GridShape", "Coords", "GridError"]
 

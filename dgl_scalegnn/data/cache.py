@@ -2,7 +2,7 @@
 builds the whole graph on every rank.
 
 A cached graph lives in ``<cache>/prepared/<name>-<key>/`` (``<cache>`` is
-:func:`~dgl_scalegnn.config.default_cache_dir`, private to the user), where ``<key>``
+:func:`~dgl_scalegnn.cache_dir.default_cache_dir`, private to the user), where ``<key>``
 hashes every setting that changes the prepared bytes (:func:`cache_settings`, which
 includes the package version). Next to ``meta.json`` it holds ``cache.json``: those
 settings and the size and modification time of each source file
@@ -39,7 +39,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import dgl_scalegnn
-from dgl_scalegnn.config import DataConfig, default_cache_dir
+from dgl_scalegnn.cache_dir import default_cache_dir
+from dgl_scalegnn.config import DataConfig
 from dgl_scalegnn.data.datasets import load_source, source_files
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.locks import FileLock
@@ -99,7 +100,7 @@ def cache_directory(cfg: DataConfig) -> Path:
     ------
     ConfigError
         If the cache directory or its ``prepared/`` is not private (see
-        :func:`~dgl_scalegnn.config.default_cache_dir`).
+        :func:`~dgl_scalegnn.cache_dir.default_cache_dir`).
     """
     text = json.dumps(cache_settings(cfg), sort_keys=True)
     key = hashlib.sha256(text.encode()).hexdigest()[:16]

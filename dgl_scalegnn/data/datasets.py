@@ -16,7 +16,7 @@ On-disk layouts
     writes its processed cache, so the data root may be read-only. ``<fingerprint>``
     hashes the source paths, sizes and modification times: changed files are re-read.
     DGL unpickles its processed ``.pkl`` from there, so every directory of that path is
-    checked private (:func:`~dgl_scalegnn.config.default_cache_dir`) before DGL runs.
+    checked private (:func:`~dgl_scalegnn.cache_dir.default_cache_dir`) before DGL runs.
 ``reddit`` (:class:`dgl.data.RedditDataset`)
     ``<root>/reddit/reddit_data.npz`` and ``<root>/reddit/reddit_graph.npz`` (the contents
     of DGL's ``reddit.zip``), staged like the above as ``<cache>/reddit/<fingerprint>/
@@ -70,18 +70,13 @@ import numpy as np
 import torch
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import (
-    DATASET_NAMES,
-    DataConfig,
-    InputError,
-    SyntheticConfig,
-    default_cache_dir,
-    registry,
-)
+from dgl_scalegnn.cache_dir import default_cache_dir
+from dgl_scalegnn.config import DATASET_NAMES, DataConfig, SyntheticConfig, registry
 from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.features import column_moments, scale_features, scaled_source
 from dgl_scalegnn.data.graph import REQUIRED_NDATA, DatasetError, NodeDataset
 from dgl_scalegnn.data.source import GraphSource, source_from_dataset
+from dgl_scalegnn.errors import InputError
 
 __all__ = [
     "OGB_LAYOUTS",

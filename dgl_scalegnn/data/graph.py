@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import InputError
+from dgl_scalegnn.errors import InputError
 
 __all__ = ["NodeDataset", "REQUIRED_NDATA", "DatasetError", "label_facts", "label_notes"]
 

@@ -24,7 +24,7 @@ empty, or a prepared directory holding only the files a preparation writes
 whole (:func:`install_directory`), so a failure at any point leaves the old one as it
 was. Preparations into one target take turns through a lock beside it
 (:func:`locked_target`), and a file system that refuses the writes (full, read-only,
-not this user's) is a :class:`~dgl_scalegnn.config.ResourceError` in one line
+not this user's) is a :class:`~dgl_scalegnn.errors.ResourceError` in one line
 (:func:`writing_into`).
 """
 
@@ -48,12 +48,12 @@ from typing import Any
 
 import numpy as np
 
-from dgl_scalegnn.config import ResourceError
 from dgl_scalegnn.data.graph import DatasetError, NodeDataset
 from dgl_scalegnn.data.locks import FileLock, Holder
 from dgl_scalegnn.data.normalize import gcn_normalize
 from dgl_scalegnn.data.source import source_from_dataset
 from dgl_scalegnn.data.tiles import TiledAdjacency, tile_adjacency
+from dgl_scalegnn.errors import ResourceError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -345,7 +345,7 @@ def locked_target(target: Path) -> Iterator[None]:
 @contextmanager
 def writing_into(target: Path) -> Iterator[None]:
     """Say a file system that will not take a preparation's files (full, read-only, not
-    this user's) in one line, a :class:`~dgl_scalegnn.config.ResourceError`. NumPy
+    this user's) in one line, a :class:`~dgl_scalegnn.errors.ResourceError`. NumPy
     writing to a full file system raises an ``OSError`` without an errno, saying only
     that it wrote less than it asked to (a short write to a file means a full disk)."""
     try:

@@ -44,7 +44,8 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from dgl_scalegnn.config import (
+from dgl_scalegnn.distributed.bootstrap import JobStore
+from dgl_scalegnn.errors import (
     BAD_INPUT_EXIT_CODE,
     INTERRUPTED_EXIT_CODE,
     RESOURCE_EXIT_CODE,
@@ -52,7 +53,6 @@ from dgl_scalegnn.config import (
     ResourceError,
     say_input_error,
 )
-from dgl_scalegnn.distributed.bootstrap import JobStore
 
 __all__ = [
     "Watchdog",
@@ -224,7 +224,7 @@ def failure_kind(error: BaseException) -> str:
 
 def say_failure(error: BaseException, rank: int) -> None:
     """Say on stderr, in one line, a failure that is not a bug (``failure_kind`` other
-    than ``"error"``): bad input as :func:`~dgl_scalegnn.config.say_input_error` says
+    than ``"error"``): bad input as :func:`~dgl_scalegnn.errors.say_input_error` says
     it; an interrupt; a lack of resources, for a rank out of memory with what to change.
     """
     kind = failure_kind(error)

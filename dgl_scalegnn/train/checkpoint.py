@@ -55,11 +55,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dgl_scalegnn.config import InputError, ModelConfig
+from dgl_scalegnn.config import ModelConfig
 from dgl_scalegnn.core.grid_shape import Coords, GridError, GridShape
 from dgl_scalegnn.core.schedule import ParamShard
 from dgl_scalegnn.data.prepared import GraphMeta
 from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.errors import InputError
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 
 __all__ = [

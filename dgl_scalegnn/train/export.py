@@ -47,19 +47,14 @@ import torch
 from torch import nn
 
 from dgl_scalegnn._dgl import dgl
-from dgl_scalegnn.config import (
-    ConfigError,
-    DataConfig,
-    InputError,
-    ModelConfig,
-    config_from_mapping,
-)
+from dgl_scalegnn.config import ConfigError, DataConfig, ModelConfig, config_from_mapping
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.datasets import as_labels, check_homogeneous, load_source, read_graph_file
 from dgl_scalegnn.data.featureless import recipe_node_data
 from dgl_scalegnn.data.features import column_moments, scale_features
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import non_finite_error, non_finite_rows
+from dgl_scalegnn.errors import InputError
 from dgl_scalegnn.model.reference import ScaleGNN
 from dgl_scalegnn.model.stack import layer_kind, parameter_shards
 from dgl_scalegnn.sampling.dgl_loader import norm_graph

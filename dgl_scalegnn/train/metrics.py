@@ -8,7 +8,7 @@ the person running the job; ``nonfinite``.
 
 Each line goes to the file in one write as it happens, so a crashed run keeps
 everything up to the crash. A write that fails (a full disk) is taken back to the last
-whole line and ends the run with a :class:`~dgl_scalegnn.config.ResourceError`: the
+whole line and ends the run with a :class:`~dgl_scalegnn.errors.ResourceError`: the
 file stays readable to its last whole event. A resumed run appends only to a file whose
 first event is the ``config`` event of the same run directory (a torn last line there
 is dropped). A file deleted or moved during the run is said once (``note``) and in the
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-from dgl_scalegnn.config import InputError, ResourceError
+from dgl_scalegnn.errors import InputError, ResourceError
 from dgl_scalegnn.train.console import Console
 from dgl_scalegnn.train.outputs import cannot_write, check_output
 

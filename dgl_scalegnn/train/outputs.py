@@ -15,7 +15,7 @@
 :func:`write_output` then writes the file whole or not at all: into a temporary file
 beside it, synced and renamed over the path, creating missing parent directories. A
 path that cannot be written (no such directory can be made, no permission, a full
-disk) is a :class:`~dgl_scalegnn.config.ResourceError` (exit code 74), and an older
+disk) is a :class:`~dgl_scalegnn.errors.ResourceError` (exit code 74), and an older
 file at the path is left as it was.
 
 Example
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from dgl_scalegnn.config import InputError, ResourceError
+from dgl_scalegnn.errors import InputError, ResourceError
 
 __all__ = [
     "OutputError",

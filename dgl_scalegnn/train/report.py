@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from dgl_scalegnn.config import InputError
+from dgl_scalegnn.errors import InputError
 from dgl_scalegnn.train.metrics import whole_lines
 from dgl_scalegnn.train.outputs import PNG_IMAGE, check_output, write_output
 

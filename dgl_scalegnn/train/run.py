@@ -13,13 +13,7 @@ import torch
 import torch.distributed as dist
 
 import dgl_scalegnn
-from dgl_scalegnn.config import (
-    Config,
-    InputError,
-    ParallelConfig,
-    ResourceError,
-    check_kernel_backend,
-)
+from dgl_scalegnn.config import Config, ParallelConfig, check_kernel_backend
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.cache import shared_prepared_directory
 from dgl_scalegnn.data.datasets import holds_recorded_file, load_dataset
@@ -39,6 +33,7 @@ from dgl_scalegnn.distributed.bootstrap import (
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.distributed.watchdog import Watchdog, is_communication_error
+from dgl_scalegnn.errors import InputError, ResourceError
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.console import Console
 from dgl_scalegnn.train.defaults import (

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from dgl_scalegnn.config import InputError, ResourceError
 from dgl_scalegnn.data.locks import FileLock, LockHeld
 from dgl_scalegnn.data.prepared import NOT_WRITABLE_ERRNOS
+from dgl_scalegnn.errors import InputError, ResourceError
 
 __all__ = ["LOCK_NAME", "RunDirectoryError", "claim_run_directory"]
 
