@@ -177,7 +177,8 @@ def _on_every_rank(work: Callable[[Coordinator], T], timeout_s: float) -> T:
     message unless it is bad input or Ctrl-C (then the failing rank alone reports it),
     and exit with its kind's code (:data:`~dgl_scalegnn.distributed.watchdog.EXIT_CODES`)."""
     from dgl_scalegnn.data.streaming import SingleProcess, StoreCoordinator
-    from dgl_scalegnn.distributed.bootstrap import detect_launch, init_distributed
+    from dgl_scalegnn.distributed.launch import detect_launch
+    from dgl_scalegnn.distributed.rendezvous import init_distributed
     from dgl_scalegnn.distributed.watchdog import Watchdog
 
     info = detect_launch()

@@ -244,7 +244,7 @@ class ParallelConfig:
 
     ``device`` decides and ``backend`` follows: ``cuda`` trains on NCCL with one GPU per
     rank, ``cpu`` on gloo, and ``auto`` takes CUDA where it is usable and says at start-up
-    which it took and why (see :func:`~dgl_scalegnn.distributed.bootstrap.resolve_device`).
+    which it took and why (see :func:`~dgl_scalegnn.distributed.devices.resolve_device`).
     ``backend`` may name the same choice (``nccl`` means CUDA, ``gloo`` the CPU); a
     contradictory pair is refused. ``fuse`` compiles the layer tail with
     ``torch.compile`` (``auto``: on CUDA tensors, where it saves kernel launches; eager on

@@ -43,7 +43,7 @@ from pathlib import Path
 from dgl_scalegnn.cache_dir import default_cache_dir
 from dgl_scalegnn.config import ConfigError
 
-__all__ = ["Signature", "SignatureMismatch", "NativeLibrary"]
+__all__ = ["Signature", "SignatureMismatch", "NativeLibrary", "c_compiler", "compiler_version"]
 
 _log = logging.getLogger(__name__)
 
@@ -62,51 +62,35 @@ _CTYPES = {
 }
 #: A prototype: the return type, the name and the parameters.
 _PROTOTYPE = re.compile(r"\s*(\w+)\s+(\w+)\s*\(([^)]*)\)\s*")
-#: A function's definition in a source: a prototype at the start of a line, then its body.
-_DEFINITION = re.compile(r"^(\w+)[ \t]+(\w+)\(([^)]*)\)\s*\{", re.M)
+#: A function's definition in a source: its prototype at the start of a line, then its body.
+_DEFINITION = re.compile(r"^(\w+[ \t]+(\w+)\([^)]*\))\s*\{", re.M)
 
 
 @dataclass(frozen=True)
 class Signature:
-    """A C function's return type, name and parameters, each ``(type, name)`` with the
-    type's tokens spaced (``"const float *"``) and ``restrict`` left out (it changes
-    nothing that is passed)."""
+    """A C function's return type, name and parameters, each ``(type, name)``: the type's
+    tokens spaced, without ``restrict`` (it changes nothing that is passed).
+
+    >>> Signature.of("void f(const float *restrict x, int64_t n)")
+    Signature(returns='void', name='f', parameters=(('const float *', 'x'), ('int64_t', 'n')))
+    """
 
     returns: str
     name: str
     parameters: tuple[tuple[str, str], ...]
 
     @classmethod
-    def parse(cls, returns: str, name: str, parameters: str) -> Signature:
-        """The signature of ``returns name(parameters)``.
-
-        >>> Signature.parse("void", "f", "const float *restrict x, int64_t n")
-        Signature(returns='void', name='f', parameters=(('const float *', 'x'), ('int64_t', 'n')))
-        """
-        declared = []
-        for parameter in parameters.split(","):
-            *kind, parameter_name = [t for t in re.findall(r"\w+|\*", parameter) if t != "restrict"]
-            declared.append((" ".join(kind), parameter_name))
-        return cls(returns, name, tuple(declared))
-
-    @classmethod
     def of(cls, prototype: str) -> Signature:
-        """The signature a C prototype (``"void f(const float *x, int64_t n)"``) declares.
-
-        Raises
-        ------
-        ValueError
-            ``prototype`` is not one, or one of its types has no ctypes type here.
-        """
+        """The signature that ``prototype`` declares (``ValueError`` if it is none)."""
         found = _PROTOTYPE.fullmatch(prototype)
         if found is None:
             raise ValueError(f"not a C prototype: {prototype!r}")
-        signature = cls.parse(*found.groups())
-        scalars = {kind for kind, _ in signature.parameters if "*" not in kind}
-        unknown = sorted({*scalars, signature.returns} - {*_CTYPES, "void"})
-        if unknown:
-            raise ValueError(f"{prototype!r}: no ctypes type for {', '.join(unknown)}")
-        return signature
+        returns, name, listed = found.groups()
+        parameters = []
+        for parameter in listed.split(","):
+            *kind, named = [t for t in re.findall(r"\w+|\*", parameter) if t != "restrict"]
+            parameters.append((" ".join(kind), named))
+        return cls(returns, name, tuple(parameters))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -117,14 +101,22 @@ class Signature:
         return f"{self.returns} {self.name}({spaced})"
 
     def bind(self, function: ctypes._CFuncPtr) -> None:
-        """Give ``function`` these argument and return types."""
-        function.argtypes = [
-            ctypes.c_void_p if "*" in k else _CTYPES[k] for k, _ in self.parameters
-        ]
-        function.restype = None if self.returns == "void" else _CTYPES[self.returns]
+        """Give ``function`` these argument and return types (a pointer: ``c_void_p``).
+
+        Raises
+        ------
+        ValueError
+            A type that ctypes is not given here.
+        """
+        kinds = [kind for kind, _ in self.parameters if "*" not in kind]
+        unknown = {self.returns, *kinds} - {*_CTYPES, "void"}
+        if unknown:
+            raise ValueError(f"{self}: no ctypes type for {', '.join(sorted(unknown))}")
+        function.argtypes = [_CTYPES.get(kind, ctypes.c_void_p) for kind, _ in self.parameters]
+        function.restype = _CTYPES.get(self.returns)
 
 
-class SignatureMismatch(RuntimeError):
+class SignatureMismatch(ValueError):
     """A declared prototype that disagrees with the function the source defines."""
 
 
@@ -142,6 +134,22 @@ def _machine_key() -> str:
             "",
         )
     return f"{platform.machine()}|{platform.system()}|{model}"
+
+
+def c_compiler() -> str | None:
+    """The C compiler that builds native code: ``$CC``, else ``cc``, on the ``PATH``."""
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def compiler_version(compiler: str) -> str:
+    """What ``compiler --version`` says (nothing where it fails)."""
+    try:
+        said = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return said.stdout if said.returncode == 0 else ""
 
 
 def _sha256(path: Path) -> str:
@@ -199,7 +207,7 @@ class NativeLibrary:
     Raises
     ------
     ValueError
-        A prototype that is not one, or whose types have no ctypes type here.
+        A prototype that is not one.
     """
 
     def __init__(self, source: Path, prototypes: Sequence[str], what: str, fallback: str):
@@ -216,25 +224,18 @@ class NativeLibrary:
         SignatureMismatch
             Naming the function, its prototype and its definition (or that there is none).
         """
-        defined = {
-            found.group(2): Signature.parse(*found.groups())
-            for found in _DEFINITION.finditer(self.source.read_text())
-        }
+        found = _DEFINITION.findall(self.source.read_text())
+        defined = {name: Signature.of(prototype) for prototype, name in found}
         for name, declared in self.signatures.items():
             if defined.get(name) != declared:
-                definition = (
-                    f"defines {defined[name]}" if name in defined else "defines no such function"
-                )
                 raise SignatureMismatch(
-                    f"{name} is declared {declared} but {self.source.name} {definition}: make "
-                    "the prototype the definition's"
+                    f"{name} is declared {declared} but {self.source.name} defines "
+                    f"{defined.get(name, 'no such function')}: make the prototype the definition's"
                 )
 
     def _build_key(self, compiler: str) -> str:
         """What the build depends on: source, compiler and its version, flags, machine."""
-        version = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, check=False
-        ).stdout
+        version = compiler_version(compiler)
         flags = " ".join(_FLAGS + _NATIVE_FLAGS)
         return hashlib.sha256(
             "\n".join((self.source.read_text(), compiler, version, flags, _machine_key())).encode()
@@ -284,15 +285,16 @@ class NativeLibrary:
             return self._library
         try:
             self.check()
-            compiler = shutil.which(os.environ.get("CC", "cc"))
+            compiler = c_compiler()
             if compiler is None:
                 raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'cc')!r} not found)")
             library = ctypes.CDLL(str(self._build(compiler)), use_errno=True)
             for name, signature in self.signatures.items():
                 signature.bind(getattr(library, name))
             self._library = library
-        # AttributeError: a function is missing; ConfigError: the cache directory is not private
-        except (OSError, RuntimeError, AttributeError, ConfigError) as error:
+        # AttributeError: a function is missing; ValueError: its prototype is not the
+        # definition's; ConfigError: the cache directory is not private
+        except (OSError, RuntimeError, AttributeError, ValueError, ConfigError) as error:
             self.failure = str(error)
             _log.warning("%s unavailable, %s: %s", self.what, self.fallback, error)
         return self._library

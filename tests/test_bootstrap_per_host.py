@@ -8,20 +8,22 @@ how many compile workers Inductor may start.
   ``min(32, cores)``): 8 ranks on a 64-core node get 8 each; the user's
   ``TORCHINDUCTOR_COMPILE_THREADS`` is kept.
 
-Both through :func:`~dgl_scalegnn.distributed.bootstrap.init_distributed`, its store and
+Both through :func:`~dgl_scalegnn.distributed.rendezvous.init_distributed`, its store and
 process group stubbed.
 """
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
 import torch._inductor.config as inductor
 import torch.distributed as dist
 
-from dgl_scalegnn.distributed import bootstrap
-from dgl_scalegnn.distributed.bootstrap import LaunchInfo, init_distributed
+from dgl_scalegnn.distributed import rendezvous
+from dgl_scalegnn.distributed.launch import LaunchInfo
+from dgl_scalegnn.distributed.rendezvous import init_distributed
 
 #: A multi-homed host: a management network first, the hosts' own network second.
 _INTERFACES = {
@@ -46,12 +48,12 @@ def start(monkeypatch):
     monkeypatch.setenv("SCALEGNN_JOB_SECRET", "s" * 32)
     monkeypatch.setenv("MASTER_ADDR", "10.233.39.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
-    monkeypatch.setattr(bootstrap, "_reachable_address", lambda peers: _REACHED_FROM_THE_OTHERS)
+    monkeypatch.setattr(rendezvous, "_reachable_address", lambda peers: _REACHED_FROM_THE_OTHERS)
     addresses = {
         name: [SimpleNamespace(address=address) for address in found]
         for name, found in _INTERFACES.items()
     }
-    monkeypatch.setattr(bootstrap.psutil, "net_if_addrs", lambda: addresses)
+    monkeypatch.setattr(rendezvous.psutil, "net_if_addrs", lambda: addresses)
 
     def started(info: LaunchInfo) -> None:
         init_distributed(info, "nccl", 60)
@@ -71,21 +73,21 @@ ACROSS_HOSTS = _torchrun(2, 1)
 
 def test_gloo_and_nccl_listen_where_the_other_hosts_reach_this_one(start, monkeypatch):
     start(ACROSS_HOSTS)
-    assert bootstrap.os.environ["GLOO_SOCKET_IFNAME"] == "ens2"
-    assert bootstrap.os.environ["NCCL_SOCKET_IFNAME"] == "=ens2"  # exactly ens2, no prefix
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "ens2"
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "=ens2"  # exactly ens2, no prefix
 
 
 def test_interfaces_the_user_set_are_kept(start, monkeypatch):
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib")
     start(ACROSS_HOSTS)
-    assert bootstrap.os.environ["NCCL_SOCKET_IFNAME"] == "ib"
-    assert bootstrap.os.environ["GLOO_SOCKET_IFNAME"] == "ens2"
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "ib"
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "ens2"
 
 
 def _node(monkeypatch, cores: int, usable: int) -> None:
     """A node of ``cores`` cores of which this process may run on ``usable``."""
-    monkeypatch.setattr(bootstrap.os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(bootstrap.os, "sched_getaffinity", lambda pid: set(range(usable)))
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(usable)))
 
 
 @pytest.mark.parametrize(
@@ -103,7 +105,7 @@ def test_ranks_on_a_node_share_its_cores_for_compile_workers(
     _node(monkeypatch, cores, usable)
     start(_torchrun(ranks, ranks))
     assert inductor.compile_threads == workers
-    assert bootstrap.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == str(workers)
+    assert os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == str(workers)
 
 
 def test_compile_workers_the_user_set_are_kept(start, monkeypatch):

@@ -21,7 +21,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from dgl_scalegnn.config import ConfigError, config_from_mapping
-from dgl_scalegnn.distributed.bootstrap import LaunchInfo, detect_launch
+from dgl_scalegnn.distributed.launch import LaunchInfo, detect_launch
 from tests.helpers import ROOT, launched, stand_in_slurm
 
 # ------------------------------------------------------------------ configuration

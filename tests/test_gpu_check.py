@@ -230,7 +230,7 @@ def precision():
 def test_the_comparisons_switch_tf32_off_with_the_fp32_precision_settings(precision):
     matmul, cudnn = precision
     before = cudnn.fp32_precision
-    with gpu_check._exact_float32():
+    with gpu_check._float32_precision("ieee"):
         assert (matmul.fp32_precision, cudnn.fp32_precision) == ("ieee", "ieee")
     assert (matmul.fp32_precision, cudnn.fp32_precision) == ("tf32", before)
 

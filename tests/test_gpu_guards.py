@@ -26,20 +26,20 @@ from dgl_scalegnn.cli import main
 from dgl_scalegnn.config import CPU_ONLY_KERNELS, ConfigError, ParallelConfig, config_from_mapping
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.distributed import bootstrap
-from dgl_scalegnn.distributed.bootstrap import (
+from dgl_scalegnn.distributed import devices
+from dgl_scalegnn.distributed.comm import Runtime
+from dgl_scalegnn.distributed.devices import (
     DeviceChoice,
-    LaunchInfo,
     device_for,
     driver_version,
     gpu_may_be_shared,
-    init_distributed,
     refuse_shared_gpus,
     resolve_device,
     use_tf32,
 )
-from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.distributed.launch import LaunchInfo
+from dgl_scalegnn.distributed.rendezvous import init_distributed
 from dgl_scalegnn.parallel.elementwise import LayerTail, LocalRows
 from dgl_scalegnn.parallel.partition import RowPartition
 from dgl_scalegnn.parallel.spmm import BlockCOO, KernelDeviceError, build_local_spmm
@@ -423,7 +423,7 @@ def machine(monkeypatch, tmp_path):
     capability), ...], build=...)``; torch's CUDA calls answer as on such a machine (no
     GPU visible when the driver is missing or older than ``build`` needs)."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
-    monkeypatch.setattr(bootstrap, "_DRIVER_VERSION_FILE", tmp_path / "version")
+    monkeypatch.setattr(devices, "_DRIVER_VERSION_FILE", tmp_path / "version")
 
     def make(driver: str | None, gpus=(), build: str | None = "13.0", driver_cuda: int = 0):
         (tmp_path / "version").unlink(missing_ok=True)
@@ -435,6 +435,13 @@ def machine(monkeypatch, tmp_path):
             "device_count": lambda: len(visible),
             "get_device_name": lambda index=0: visible[index][0],
             "get_device_capability": lambda index=0: visible[index][1],
+            "get_device_properties": lambda index=0: SimpleNamespace(
+                name=visible[index][0],
+                major=visible[index][1][0],
+                minor=visible[index][1][1],
+                total_memory=80 << 30,
+                multi_processor_count=132,
+            ),
         }.items():
             monkeypatch.setattr(torch.cuda, name, value)
         monkeypatch.setattr(torch.version, "cuda", build)

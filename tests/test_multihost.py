@@ -26,7 +26,7 @@ import pytest
 
 import yaml
 from dgl_scalegnn.config import ConfigError
-from dgl_scalegnn.distributed import bootstrap
+from dgl_scalegnn.distributed import rendezvous
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.helpers import ROOT, launched, step_losses
@@ -240,7 +240,7 @@ def test_a_host_without_a_reachable_address_is_refused_naming_what_was_tried(mon
         r"set MASTER_ADDR to localhost's address on the network the hosts share"
     )
     with pytest.raises(ConfigError, match=expected):
-        bootstrap._reachable_address(["127.0.0.2"])
+        rendezvous._reachable_address(["127.0.0.2"])
 
 
 def test_hosts_are_torn_down_after_a_failure_and_a_killed_runs_leftovers_removed(tmp_path):

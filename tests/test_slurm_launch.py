@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from dgl_scalegnn.distributed.bootstrap import LaunchInfo, detect_launch
+from dgl_scalegnn.distributed.launch import LaunchInfo, detect_launch
 from tests.helpers import ROOT
 
 _LAUNCH_VARIABLES = (

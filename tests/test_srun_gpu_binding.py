@@ -8,7 +8,7 @@ task's ``CUDA_VISIBLE_DEVICES`` is narrowed to its own N, with ``--gpu-bind=none
 GPU option) every task sees all of them. NCCL finds NVLink and peer-to-peer paths only
 between GPUs a process sees (NVIDIA/nccl#1066), so the launcher must not narrow them;
 each rank then takes GPU ``SLURM_LOCALID`` itself
-(:func:`~dgl_scalegnn.distributed.bootstrap.device_for`, on stub CUDA calls that show
+(:func:`~dgl_scalegnn.distributed.devices.device_for`, on stub CUDA calls that show
 the visible GPUs).
 """
 
@@ -61,7 +61,8 @@ _CHOOSE_DEVICE = textwrap.dedent(
     """\
     import os
     import torch
-    from dgl_scalegnn.distributed.bootstrap import detect_launch, device_for
+    from dgl_scalegnn.distributed.devices import device_for
+    from dgl_scalegnn.distributed.launch import detect_launch
     visible = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
     torch.cuda.device_count = lambda: len(visible)
     torch.cuda.set_device = lambda device: None

@@ -19,12 +19,8 @@ import threading
 import psutil
 import pytest
 import torch.distributed as dist
-from dgl_scalegnn.distributed.bootstrap import (
-    SECRET_VARIABLE,
-    JobStore,
-    LaunchInfo,
-    init_distributed,
-)
+from dgl_scalegnn.distributed.launch import LaunchInfo
+from dgl_scalegnn.distributed.rendezvous import SECRET_VARIABLE, JobStore, init_distributed
 
 import yaml
 from dgl_scalegnn.cli import main as cli_main

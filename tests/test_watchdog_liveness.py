@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import torch.distributed as dist
 
-from dgl_scalegnn.distributed.bootstrap import JobStore
+from dgl_scalegnn.distributed.rendezvous import JobStore
 from dgl_scalegnn.distributed.watchdog import (
     ABORT_EXIT_CODE,
     Watchdog,

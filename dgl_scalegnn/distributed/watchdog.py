@@ -44,7 +44,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from dgl_scalegnn.distributed.bootstrap import JobStore
+from dgl_scalegnn.distributed.rendezvous import JobStore
 from dgl_scalegnn.errors import (
     BAD_INPUT_EXIT_CODE,
     INTERRUPTED_EXIT_CODE,

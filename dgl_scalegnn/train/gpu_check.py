@@ -10,13 +10,15 @@ of the environment was found, 1 when one failed. The report is written whatever 
 each fact of the environment (DGL's import among them) and each check has its own status
 and error. The report's fields are described in ``docs/gpu-check.md``.
 
-Checks (each a function of the device, so that the CPU tests run them on the CPU):
+Checks (each a function of the device, so that the CPU tests run them on the CPU; the
+CUDA suite, ``tests/gpu``, asserts the same functions):
 
 ``one_rank_vs_cpu``
     One rank on the device against the CPU on a small synthetic graph, with prefetch,
     overlap and fusion on: step losses within 1e-4 relative, accuracies within one
-    vertex per split, and the fused kernels really compiled (the layer tail's count of
-    compiled calls, :attr:`~dgl_scalegnn.parallel.elementwise.LayerTail.calls`).
+    vertex per split, the fused kernels really compiled (the layer tail's count of
+    compiled calls, :attr:`~dgl_scalegnn.parallel.elementwise.LayerTail.calls`), and
+    the steps' products and sampling timed.
 ``chunked_eval``
     Full-graph evaluation of a 20k-vertex graph in 997-row chunks (unaligned; a short
     last chunk) on the device against one chunk on the CPU: logits within 1e-4 of the
@@ -31,7 +33,7 @@ Checks (each a function of the device, so that the CPU tests run them on the CPU
 ``torchrun_grid``
     With 2 or more GPUs, ``launch/torchrun.sh`` (run by this interpreter) on 1x2x2x2
     (8 GPUs; 1x1x2x2 with 4, 1x2x1x1 with 2) on NCCL against the same grid on gloo:
-    step losses within 1e-4.
+    step losses within 1e-4 (:func:`nccl_against_gloo`).
 
 Float32 products are compared exactly (TF32 off) in the checks that compare devices or
 backends.
@@ -49,7 +51,6 @@ import math
 import os
 import platform
 import shlex
-import shutil
 import signal
 import statistics
 import subprocess
@@ -58,31 +59,34 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from dgl_scalegnn.distributed.bootstrap import (
-    cuda_environment,
-    cuda_problem,
-    driver_version,
-    use_tf32,
-)
 
 import dgl_scalegnn
 import yaml
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.config import Config, config_from_mapping
+from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.prepared import PreparedGraph, prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.distributed.comm import CommOptions, Runtime
+from dgl_scalegnn.distributed.devices import (
+    cuda_environment,
+    cuda_problem,
+    driver_version,
+    gpus,
+    use_tf32,
+)
 from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.evaluation.chunks import chunk_count
 from dgl_scalegnn.evaluation.layerwise import full_graph_forward
 from dgl_scalegnn.evaluation.memory import full_graph_chunk_rows
+from dgl_scalegnn.native import c_compiler, compiler_version
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.train.metrics import MetricsWriter, read_metrics
 from dgl_scalegnn.train.trainer import Trainer
@@ -96,6 +100,9 @@ __all__ = [
     "gpu_problem",
     "environment",
     "count_host_syncs",
+    "training_syncs",
+    "relative_difference",
+    "nccl_against_gloo",
     "one_rank_vs_cpu",
     "chunked_eval",
     "host_syncs",
@@ -120,10 +127,17 @@ NO_GPU = 3
 SMALL = {
     "data": {"name": "synthetic", "synthetic": {"num_nodes": 1500, "num_features": 20}},
     "model": {"hidden": 24, "layers": 3, "dropout": 0.2},
-    "sampling": {"batch_size": 500, "prefetch": True},
+    "sampling": {"batch_size": 500},
     "train": {"epochs": 1, "progress": False},
+}
+#: :data:`SMALL` with prefetch and overlap on, as the checks run it.
+_SWITCHED = {
+    **SMALL,
+    "sampling": {"batch_size": 500, "prefetch": True},
     "parallel": {"overlap": True},
 }
+#: What every step of a training run times (CUDA events on a GPU).
+TIMED = ("spmm", "gemm", "sampling")
 #: Step losses of two devices (or two backends) agree within this, relative, with float32
 #: products in float32 on both (TF32 rounds a product's inputs to 10 mantissa bits).
 LOSS_TOLERANCE = 1e-4
@@ -180,9 +194,13 @@ def _kernel_problem(device: torch.device) -> str | None:
 def gpu_problem() -> str | None:
     """Why no GPU is usable here (torch's CUDA build, the driver, the devices, their
     compute capability, NCCL, or a kernel that does not run), with torch's CUDA version,
-    the driver's and the GPUs' compute capabilities; ``None`` where one is."""
-    problem = cuda_problem() or _kernel_problem(torch.device("cuda", 0))
-    return None if problem is None else f"{problem} ({cuda_environment()})"
+    the driver's and the GPUs' compute capabilities, or what deciding it raised; ``None``
+    where one is."""
+    try:
+        problem = cuda_problem() or _kernel_problem(torch.device("cuda", 0))
+        return None if problem is None else f"{problem} ({cuda_environment()})"
+    except Exception as error:  # a broken driver or device: still a reason
+        return f"deciding whether a GPU is usable raised {_error_line(error)}"
 
 
 def _version_of(package: str) -> str | None:
@@ -193,19 +211,11 @@ def _version_of(package: str) -> str | None:
 
 
 def _c_compiler() -> str | None:
-    """The first line of ``$CC --version`` (else ``cc``): what builds the native CPU
-    kernels and torch.compile's CPU code."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        return None
-    try:
-        said = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = (said.stdout or said.stderr).strip().splitlines()
-    return lines[0] if said.returncode == 0 and lines else None
+    """The first line of the C compiler's ``--version``: what builds the native code
+    (:func:`~dgl_scalegnn.native.c_compiler`) and torch.compile's CPU code."""
+    compiler = c_compiler()
+    lines = compiler_version(compiler).strip().splitlines() if compiler else []
+    return lines[0] if lines else None
 
 
 def _nccl_version() -> str | None:
@@ -214,22 +224,6 @@ def _nccl_version() -> str | None:
     except (AttributeError, RuntimeError):
         return None
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-
-
-def _devices() -> list[dict[str, Any]]:
-    devices = []
-    for index in range(torch.cuda.device_count()):
-        properties = torch.cuda.get_device_properties(index)
-        devices.append(
-            {
-                "index": index,
-                "name": properties.name,
-                "compute_capability": f"{properties.major}.{properties.minor}",
-                "memory_gib": round(properties.total_memory / 2**30, 2),
-                "multiprocessors": properties.multi_processor_count,
-            }
-        )
-    return devices
 
 
 #: The facts of a report's environment, each found by its own function: versions and
@@ -242,7 +236,7 @@ FACTS: dict[str, Callable[[], Any]] = {
     "torch_cuda": lambda: torch.version.cuda,
     "driver": driver_version,
     "cuda_environment": cuda_environment,
-    "devices": lambda: _devices() if torch.cuda.is_available() else [],
+    "devices": lambda: gpus() if torch.cuda.is_available() else [],
     "nccl": lambda: _nccl_version() if torch.cuda.is_available() else None,
     "triton": lambda: _version_of("triton"),
     "dgl": lambda: dgl.__version__,  # imports DGL (and scipy, requests, tqdm, libdgl)
@@ -290,11 +284,6 @@ def _float32_precision(precision: str | None = None) -> Iterator[None]:
             setting.fp32_precision = value
 
 
-def _exact_float32() -> contextlib.AbstractContextManager[None]:
-    """Float32 products in float32 (TF32 off), for comparisons with the CPU."""
-    return _float32_precision("ieee")
-
-
 class _Messages(logging.Handler):
     """The log records of one logger while installed (the layer tail's fallback line)."""
 
@@ -331,7 +320,7 @@ def _losses(events: list[dict]) -> list[float]:
     return [e["loss"] for e in events if e["event"] == "step"]
 
 
-def _relative_difference(a: list[float], b: list[float]) -> float:
+def relative_difference(a: list[float], b: list[float]) -> float:
     """Largest element-wise difference relative to ``b`` (infinite if the lengths differ)."""
     if len(a) != len(b) or not a:
         return math.inf
@@ -376,6 +365,15 @@ def count_host_syncs(work: Callable[[], Any], device: torch.device) -> int | Non
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def training_syncs(trainer: Trainer, device: torch.device) -> tuple[int | None, int | None]:
+    """Host synchronisations (:func:`count_host_syncs`) of one training step and of one
+    batch build on ``device``, after a warm-up step (allocator, compiler, kernels)."""
+    trainer.train_step(trainer.sample(0))
+    batch = trainer.sample(1)
+    step = count_host_syncs(lambda: trainer.train_step(batch), device)
+    return step, count_host_syncs(lambda: trainer.sample(2), device)
+
+
 # --------------------------------------------------------------------- checks
 
 
@@ -383,14 +381,14 @@ def one_rank_vs_cpu(device: torch.device, fuse: bool = True) -> Outcome:
     """:data:`SMALL` on ``device`` with prefetch, overlap and ``fuse`` against the CPU's
     eager kernels: step losses, accuracies, and (with ``fuse``) compiled tail calls."""
     graph = prepare_in_memory(generate(_config(SMALL).data.synthetic), 0)
-    with _exact_float32(), _Messages(_ELEMENTWISE_LOG) as messages:
-        on_device = _trainer(_config(SMALL, fuse=fuse), graph, device)
+    with _float32_precision("ieee"), _Messages(_ELEMENTWISE_LOG) as messages:
+        on_device = _trainer(_config(_SWITCHED, fuse=fuse), graph, device)
         on_device.fit()
-    on_cpu = _trainer(_config(SMALL, fuse=False), graph, torch.device("cpu"))
+    on_cpu = _trainer(_config(_SWITCHED, fuse=False), graph, torch.device("cpu"))
     on_cpu.fit()
     device_events, cpu_events = on_device.metrics.events, on_cpu.metrics.events
     calls = dict(on_device.model.layer_tail.calls)
-    difference = _relative_difference(_losses(device_events), _losses(cpu_events))
+    difference = relative_difference(_losses(device_events), _losses(cpu_events))
     outcome = Outcome(
         {
             "fuse": fuse,
@@ -415,6 +413,9 @@ def one_rank_vs_cpu(device: torch.device, fuse: bool = True) -> Outcome:
             calls["compiled"] > 0,
             f"parallel.fuse is on but no compiled tail kernel ran (calls {calls}): {why}",
         )
+    steps = [e["seconds"] for e in device_events if e["event"] == "step"]
+    untimed = [part for part in TIMED if sum(s.get(part, 0.0) for s in steps) <= 0]
+    outcome.expect(not untimed, f"the steps on the device timed no {', '.join(untimed)}")
     return outcome
 
 
@@ -423,10 +424,10 @@ def chunked_eval(
 ) -> Outcome:
     """Full-graph evaluation on ``device`` in ``chunk_rows``-row chunks against one chunk
     on the CPU, the same weights: logits, accuracies, and host syncs per chunk."""
-    mapping = {**SMALL, "data": {"name": "synthetic", "synthetic": {"num_nodes": num_nodes}}}
+    mapping = {**_SWITCHED, "data": {"name": "synthetic", "synthetic": {"num_nodes": num_nodes}}}
     cfg = _config(mapping)
     graph = prepare_in_memory(generate(cfg.data.synthetic), 0)
-    with _exact_float32():
+    with _float32_precision("ieee"):
         device_logits, device_acc, device_syncs = _evaluate(cfg, graph, device, chunk_rows)
         cpu_logits, cpu_acc, _ = _evaluate(cfg, graph, torch.device("cpu"), num_nodes)
     error = float((device_logits - cpu_logits).abs().max() / cpu_logits.abs().max())
@@ -483,11 +484,7 @@ def host_syncs(device: torch.device) -> Outcome:
     if device.type != "cuda":
         raise CheckSkipped(f"host synchronisations are counted on CUDA only, not on {device}")
     graph = prepare_in_memory(generate(_config(SMALL).data.synthetic), 0)
-    trainer = _trainer(_config(SMALL, fuse=True), graph, device)
-    trainer.train_step(trainer.sample(0))  # warm-up: allocator, compiler, kernels
-    batch = trainer.sample(1)
-    step = count_host_syncs(lambda: trainer.train_step(batch), device)
-    build = count_host_syncs(lambda: trainer.sample(2), device)
+    step, build = training_syncs(_trainer(_config(_SWITCHED, fuse=True), graph, device), device)
     outcome = Outcome({"train_step": step, "batch_build": build})
     outcome.expect(step <= 1, f"{step} host synchronisations in one training step (at most 1)")
     return outcome
@@ -556,8 +553,8 @@ def large_run(
     return outcome
 
 
-def _launch_script() -> Path:
-    return Path(dgl_scalegnn.__file__).resolve().parents[1] / "launch" / "torchrun.sh"
+#: The launch scripts beside the package (in the project's checkout).
+LAUNCH = Path(dgl_scalegnn.__file__).resolve().parents[1] / "launch"
 
 
 def _torchrun(directory: Path) -> Path:
@@ -572,13 +569,16 @@ def _torchrun(directory: Path) -> Path:
     return script
 
 
-def _launch(grid: str, config: Path, metrics: Path, backend: str) -> list[dict]:
-    """``launch/torchrun.sh`` on ``grid`` with ``backend`` and exact float32 products, by
-    this interpreter's torchrun; its metrics events."""
-    world = math.prod(int(size) for size in grid.split("x"))
-    argv = [str(_launch_script()), str(world), grid, str(config), "--metrics", str(metrics)]
-    argv += ["--set", f"parallel.backend={backend}", *EXACT_PRODUCTS]
-    env = {**os.environ, "TORCHRUN": str(_torchrun(metrics.parent))}
+def _launch(
+    script: str, grid: str, config: Path, backend: str, switches: Sequence[str], timeout_s: float
+) -> list[dict]:
+    """``launch/<script>`` on ``grid`` with ``backend`` and ``switches`` (``--set``
+    options), by this interpreter's torchrun; its metrics events."""
+    world = GridShape.parse(grid).world_size
+    metrics = config.with_name(f"{backend}.jsonl")
+    argv = [str(LAUNCH / script), str(world), grid, str(config), "--metrics", str(metrics)]
+    argv += ["--set", f"parallel.backend={backend}", *switches]
+    env = {**os.environ, "TORCHRUN": str(_torchrun(config.parent))}
     with subprocess.Popen(
         argv,
         env=env,
@@ -588,54 +588,68 @@ def _launch(grid: str, config: Path, metrics: Path, backend: str) -> list[dict]:
         start_new_session=True,  # a timeout stops every rank
     ) as process:
         try:
-            output, _ = process.communicate(timeout=LAUNCH_TIMEOUT_S)
+            output, _ = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
-            raise RuntimeError(
-                f"{grid} on {backend} did not end within {LAUNCH_TIMEOUT_S} s"
-            ) from None
+            raise RuntimeError(f"{script} {grid} did not end within {timeout_s} s") from None
     if process.returncode != 0:
-        raise RuntimeError(f"{grid} on {backend} exited {process.returncode}: {output[-2000:]}")
+        raise RuntimeError(f"{script} {grid} exited {process.returncode}: {output[-2000:]}")
     return read_metrics(metrics)
 
 
-def torchrun_grid(gpus: int) -> Outcome:
-    """A torchrun grid on NCCL (one GPU per rank) against the same grid on gloo, float32
-    products exact on both (:data:`EXACT_PRODUCTS`)."""
-    fitting = [count for count in TORCHRUN_GRIDS if count <= gpus]
-    if not fitting:
-        raise CheckSkipped(
-            f"needs 2 or more GPUs (one per rank); this machine has {gpus}: run on a "
-            "machine with 2, 4 or 8 GPUs for the multi-process check"
-        )
-    grid = TORCHRUN_GRIDS[max(fitting)]
-    if not _launch_script().exists():
+def nccl_against_gloo(
+    grid: str,
+    script: str = "torchrun.sh",
+    switches: Sequence[str] = EXACT_PRODUCTS,
+    tolerance: float = LOSS_TOLERANCE,
+    config: dict = SMALL,
+    timeout_s: float = LAUNCH_TIMEOUT_S,
+) -> Outcome:
+    """``config`` launched by ``launch/<script>`` on ``grid`` with ``switches`` (``--set``
+    options) on NCCL (one GPU per rank) against the same on gloo: each on the backend it
+    was given, step losses within ``tolerance`` relative."""
+    if not (LAUNCH / script).exists():
         raise RuntimeError(
-            f"{_launch_script().name} not found beside the package: run make gpu-check "
-            "from the project's checkout"
+            f"{script} not found beside the package: run make gpu-check from the project's checkout"
         )
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
-        config = Path(work, "config.yaml")
-        config.write_text(yaml.safe_dump(SMALL))
-        nccl = _launch(grid, config, Path(work, "nccl.jsonl"), "nccl")
-        gloo = _launch(grid, config, Path(work, "gloo.jsonl"), "gloo")
-    difference = _relative_difference(_losses(nccl), _losses(gloo))
+        path = Path(work, "config.yaml")
+        path.write_text(yaml.safe_dump(config))
+        nccl, gloo = (
+            _launch(script, grid, path, backend, switches, timeout_s)
+            for backend in ("nccl", "gloo")
+        )
+    difference = relative_difference(_losses(nccl), _losses(gloo))
+    backends = [nccl[0].get("backend"), gloo[0].get("backend")]
     outcome = Outcome(
         {
             "grid": grid,
             "losses_nccl": _losses(nccl),
             "losses_gloo": _losses(gloo),
             "max_relative_difference": difference,
-            "backends": [nccl[0].get("backend"), gloo[0].get("backend")],
+            "backends": backends,
         }
     )
+    outcome.expect(backends == ["nccl", "gloo"], f"{grid} ran on {backends}, not nccl and gloo")
     outcome.expect(
-        difference <= LOSS_TOLERANCE,
-        f"{grid}: NCCL and gloo losses differ by {difference:.3g} relative "
-        f"(at most {LOSS_TOLERANCE:g})",
+        difference <= tolerance,
+        f"{grid}: NCCL and gloo losses differ by {difference:.3g} relative (at most {tolerance:g})",
     )
     return outcome
+
+
+def torchrun_grid(gpu_count: int) -> Outcome:
+    """:func:`nccl_against_gloo` under torchrun on the largest grid of
+    :data:`TORCHRUN_GRIDS` that ``gpu_count`` GPUs hold, float32 products exact on both
+    (:data:`EXACT_PRODUCTS`)."""
+    fitting = [count for count in TORCHRUN_GRIDS if count <= gpu_count]
+    if not fitting:
+        raise CheckSkipped(
+            f"needs 2 or more GPUs (one per rank); this machine has {gpu_count}: run on a "
+            "machine with 2, 4 or 8 GPUs for the multi-process check"
+        )
+    return nccl_against_gloo(TORCHRUN_GRIDS[max(fitting)], config=_SWITCHED)
 
 
 #: Every check in the order it runs, as a function of the device.
@@ -691,14 +705,6 @@ def run_checks(
         said = f": {entry['reason']}" if entry["reason"] else ""
         print(f"gpu-check: {name} {entry['status']} ({entry['seconds']:.1f} s){said}", flush=True)
     return entries
-
-
-def _usable_gpu_problem() -> str | None:
-    """:func:`gpu_problem`, and where deciding it raised, that as the reason."""
-    try:
-        return gpu_problem()
-    except Exception as error:  # a broken driver or device: still a report
-        return f"deciding whether a GPU is usable raised {_error_line(error)}"
 
 
 def _verdict(
@@ -766,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     started = time.perf_counter()
     gpu_expected = not args.no_gpu_expected
-    problem = _usable_gpu_problem()
+    problem = gpu_problem()
     facts = environment()  # before the checks: a broken device may not answer after them
     checks: dict[str, dict] = {}
     status, reason = "failed", "the run stopped before its checks ended"

@@ -19,19 +19,18 @@ from dgl_scalegnn.data.cache import shared_prepared_directory
 from dgl_scalegnn.data.datasets import holds_recorded_file, load_dataset
 from dgl_scalegnn.data.graph import DatasetError
 from dgl_scalegnn.data.prepared import GraphMeta, PreparedGraph, open_prepared, prepare_in_memory
-from dgl_scalegnn.distributed.bootstrap import (
-    LaunchInfo,
-    detect_launch,
+from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
+from dgl_scalegnn.distributed.devices import (
     device_for,
     gpu_identity,
     gpu_may_be_shared,
-    init_distributed,
     refuse_shared_gpus,
     resolve_device,
     use_tf32,
 )
-from dgl_scalegnn.distributed.comm import CommOptions, Runtime, warm_up_groups
 from dgl_scalegnn.distributed.grid import Grid4D
+from dgl_scalegnn.distributed.launch import LaunchInfo, detect_launch
+from dgl_scalegnn.distributed.rendezvous import init_distributed
 from dgl_scalegnn.distributed.watchdog import Watchdog, is_communication_error
 from dgl_scalegnn.errors import InputError, ResourceError
 from dgl_scalegnn.profiling import Profiler

@@ -4,14 +4,15 @@
 would be one; so the plain suite does not collect this directory at all. Asked for with
 ``SCALEGNN_TEST_GPU=1``, a GPU is expected: where CUDA is not usable the run stops at
 once, non-zero, saying why (a CPU build of torch, a driver too old for torch's CUDA, no
-GPU visible, a GPU too old), instead of passing with every test skipped.
+GPU visible, a GPU too old, a kernel that does not run: gpu-check's own decision),
+instead of passing with every test skipped.
 """
 
 import os
 
 import pytest
 
-from dgl_scalegnn.distributed.bootstrap import cuda_environment, cuda_problem
+from dgl_scalegnn.train.gpu_check import gpu_problem
 
 _ASKED = os.environ.get("SCALEGNN_TEST_GPU") == "1"
 if not _ASKED:
@@ -19,11 +20,11 @@ if not _ASKED:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    problem = cuda_problem() if _ASKED else None
+    problem = gpu_problem() if _ASKED else None
     if problem is not None:
         pytest.exit(
-            f"make test-gpu expects a usable GPU, and CUDA is not usable here: {problem} "
-            f"({cuda_environment()}); see docs/gpu.md for what is supported, and run it on "
-            "a GPU machine (make test holds the CPU guards of the GPU path)",
+            f"make test-gpu expects a usable GPU, and CUDA is not usable here: {problem}; see "
+            "docs/gpu.md for what is supported, and run it on a GPU machine (make test holds "
+            "the CPU guards of the GPU path)",
             returncode=3,
         )

@@ -12,37 +12,24 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 
-import numpy as np
 import pytest
 import torch
 
 import yaml
-from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.core.grid_shape import GridShape
-from dgl_scalegnn.data.prepared import prepare_in_memory
-from dgl_scalegnn.data.synthetic import generate
-from dgl_scalegnn.distributed.comm import CommOptions, Runtime
-from dgl_scalegnn.distributed.grid import Grid4D
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
-from dgl_scalegnn.parallel.elementwise import LayerTail
-from dgl_scalegnn.profiling import Profiler
-from dgl_scalegnn.train.metrics import MetricsWriter, read_metrics
-from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import ROOT, VENV_BIN, step_losses, train_through_cli
+from dgl_scalegnn.train import gpu_check
+from tests.helpers import step_losses, train_through_cli
 from tests.ranks import spawn_ranks, start_ranks
 
 GPUS = min(torch.cuda.device_count(), 8)
-SMALL = {
-    "data": {"name": "synthetic", "synthetic": {"num_nodes": 1500, "num_features": 20}},
-    "model": {"hidden": 24, "layers": 3, "dropout": 0.2},
-    "sampling": {"batch_size": 500},
-    "train": {"epochs": 1, "progress": False},
-}
+SMALL = gpu_check.SMALL
 #: Float32 products as on the CPU (TF32, on by default on GPUs, rounds their inputs).
-EXACT = ["--set", "parallel.tf32=false"]
+EXACT = list(gpu_check.EXACT_PRODUCTS)
+#: Seconds one launch may take (every rank compiling the fused kernels included).
+LAUNCH_S = 600
 SWITCHES_OFF = [
     *EXACT,
     "--set",
@@ -91,94 +78,38 @@ def _need_gpus(count: int) -> None:
         pytest.skip(f"needs {count} GPUs (one per rank); this machine has {GPUS}")
 
 
-def _relative(a, b) -> float:
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.shape == b.shape and len(a) > 0, (a, b)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6)))
-
-
 # ------------------------------------------------------------------ one process
 
 
-def _one_process(device: str) -> tuple[list[dict], LayerTail]:
-    """The events of a run of SMALL on ``device`` (fusion ``auto``, TF32 untouched: off),
-    and the model's layer tail (which counts the kernels it ran by kind)."""
-    cfg = config_from_mapping(SMALL)
-    graph = prepare_in_memory(generate(cfg.data.synthetic), 0)
-    runtime = Runtime(Grid4D.single_process(), CommOptions(), Profiler(device=device))
-    metrics = MetricsWriter(None, enabled=True)
-    trainer = Trainer(cfg, graph, runtime, metrics, device)
-    trainer.fit()
-    return metrics.events, trainer.model.layer_tail
-
-
 def test_one_gpu_matches_the_cpu():
-    (gpu, gpu_tail), (cpu, cpu_tail) = _one_process("cuda:0"), _one_process("cpu")
-    # fusion auto: the tail really ran compiled on the GPU (and never fell back to eager)
-    assert gpu_tail.fused and gpu_tail.calls["compiled"] > 0, gpu_tail.calls
-    assert not cpu_tail.fused and cpu_tail.calls["compiled"] == 0, cpu_tail.calls
-    assert len(step_losses(gpu)) == 3
-    assert _relative(step_losses(gpu), step_losses(cpu)) < 1e-4
-    (gpu_eval,), (cpu_eval,) = ([e for e in ev if e["event"] == "eval"] for ev in (gpu, cpu))
-    for key in ("train_acc", "val_acc", "test_acc"):
-        # a near tie may flip one vertex of the 150-vertex validation split
-        assert abs(gpu_eval[key] - cpu_eval[key]) <= 0.01, key
-    # CUDA-event timers (regions still running at a step's end count in the next step)
-    seconds = [e["seconds"] for e in gpu if e["event"] == "step"]
-    assert all(sum(s.get(c, 0.0) for s in seconds) > 0 for c in ("spmm", "gemm", "sampling"))
+    """gpu-check's check: the tail ran compiled, losses and accuracies as on the CPU, and
+    CUDA events timed every step's products and sampling."""
+    outcome = gpu_check.one_rank_vs_cpu(torch.device("cuda", 0))
+    assert outcome.problems == [], outcome.problems
+    assert len(outcome.figures["losses_device"]) == 3
 
 
 # ------------------------------------------------------------- NCCL against gloo
 
 
-def _launch(script: str, grid: str, tmp_path, name: str, *extra: str) -> list[dict]:
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(SMALL))
-    metrics = tmp_path / f"{name}.jsonl"
-    world = GridShape.parse(grid).world_size
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "MPIRUN": str(VENV_BIN / "mpirun"),
-        "TORCHRUN": str(VENV_BIN / "torchrun"),
-        "SCALEGNN": str(VENV_BIN / "scalegnn"),
-    }
-    argv = [str(ROOT / "launch" / script), str(world), grid, str(config), "--metrics"]
-    result = subprocess.run(
-        [*argv, str(metrics), *extra],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return read_metrics(metrics)
-
-
 @pytest.mark.parametrize("switches", ["off", "on"])
 @pytest.mark.parametrize("grid_index", [0, 1])
 @pytest.mark.parametrize("script", ["torchrun.sh", "mpirun.sh"])
-def test_nccl_grid_matches_gloo(tmp_path, script, grid_index, switches):
+def test_nccl_grid_matches_gloo(script, grid_index, switches):
     _need_gpus(2)
-    grid = _grids()[grid_index]
-    extra = SWITCHES_ON if switches == "on" else SWITCHES_OFF
-    nccl = _launch(script, grid, tmp_path, "nccl", "--set", "parallel.backend=nccl", *extra)
-    gloo = _launch(script, grid, tmp_path, "gloo", "--set", "parallel.backend=gloo", *extra)
-    assert nccl[0]["backend"] == "nccl" and gloo[0]["backend"] == "gloo"
     # bf16 on the wire rounds sums made in a different order on NCCL and gloo
-    tolerance = 2e-2 if switches == "on" else 1e-4
-    assert _relative(step_losses(nccl), step_losses(gloo)) < tolerance
+    tolerance, extra = (2e-2, SWITCHES_ON) if switches == "on" else (1e-4, SWITCHES_OFF)
+    grid = _grids()[grid_index]
+    outcome = gpu_check.nccl_against_gloo(grid, script, extra, tolerance, timeout_s=LAUNCH_S)
+    assert outcome.problems == [], outcome.problems
 
 
-def test_batch_that_leaves_empty_shards(tmp_path):
+def test_batch_that_leaves_empty_shards():
     """4 vertices over a grid of 2 parts per axis: some ranks hold no row at all."""
     _need_gpus(2)
-    grid = _grids()[0]
     tiny = [*EXACT, "--set", "sampling.batch_size=4", "--set", "train.max_steps=4"]
-    nccl = _launch("torchrun.sh", grid, tmp_path, "nccl", "--set", "parallel.backend=nccl", *tiny)
-    gloo = _launch("torchrun.sh", grid, tmp_path, "gloo", "--set", "parallel.backend=gloo", *tiny)
-    assert _relative(step_losses(nccl), step_losses(gloo)) < 1e-4
+    outcome = gpu_check.nccl_against_gloo(_grids()[0], switches=tiny, timeout_s=LAUNCH_S)
+    assert outcome.problems == [], outcome.problems
 
 
 # ------------------------------------------------------------- on every rank
@@ -246,7 +177,7 @@ def test_checkpoint_written_on_gpu_resumes_on_cpu(tmp_path):
     assert [e["step"] for e in resumed if e["event"] == "step"] == [4, 5]
     straight = {**resumed_config, "output": {"dir": str(tmp_path / "straight")}}
     whole = train_through_cli(tmp_path, "straight", "1x1x1x1", straight, *on_gpu)
-    assert _relative(step_losses(resumed), step_losses(whole)[4:]) < 1e-4
+    assert gpu_check.relative_difference(step_losses(resumed), step_losses(whole)[4:]) < 1e-4
 
 
 def test_killed_rank_under_nccl_stops_the_job(tmp_path):

@@ -21,7 +21,7 @@ from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.sampling.prefetch import Prefetcher
-from dgl_scalegnn.train.gpu_check import count_host_syncs
+from dgl_scalegnn.train.gpu_check import training_syncs
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
@@ -70,10 +70,7 @@ def gpu_checks(base: dict, out: str) -> None:
         trainer = Trainer(
             config_from_mapping(base), graph, session.runtime, MetricsWriter(None), device
         )
-        trainer.train_step(trainer.sample(0))  # warm-up: allocator, NCCL, kernels
-        batch = trainer.sample(1)
-        report["syncs_train_step"] = count_host_syncs(lambda: trainer.train_step(batch), device)
-        report["syncs_batch"] = count_host_syncs(lambda: trainer.sample(2), device)
+        report["syncs_train_step"], report["syncs_batch"] = training_syncs(trainer, device)
         report["fused"] = trainer.model.layer_tail.fused
         report["kernel_calls"] = trainer.model.layer_tail.calls
         report["threads"] = [t.name for t in threading.enumerate()]
