@@ -1,12 +1,16 @@
-"""Run configuration: one frozen dataclass per concern, read from YAML.
+"""Run configuration: one frozen dataclass per section, read from YAML.
 
 A config file has the sections ``data``, ``model``, ``sampling``, ``train``,
-``parallel``, ``optim`` and ``output``. Unknown keys, wrong types and impossible values
-are refused with a :class:`ConfigError` that names the key, the value and what is
-expected. ``--set section.key=value`` overrides take YAML scalars. Numbers are read as
-YAML 1.2 reads them (:mod:`~dgl_scalegnn.yaml_reader`: ``1e-3`` and ``-.5`` are floats);
-a float that equals an int is accepted where an int is (``batch_size: 1e4``), and float
-settings must be finite (``.nan`` and ``.inf`` are refused).
+``parallel``, ``optim`` and ``output``. Each key is declared once, below, with its type,
+the values it allows, its default and what it does. A config that omits a key gets that
+default, except where a graph that is read (every ``data.name`` but ``synthetic``)
+derives it (:mod:`~dgl_scalegnn.train.defaults`).
+
+A value that cannot be used is refused with a :class:`ConfigError` naming the key, the
+value, what is expected and the fix: when it is read, against its annotation (its type,
+the choices of a ``Literal``, the rule of an ``Annotated``), and by :func:`check_config`,
+the one place for values that contradict each other. Numbers are read as YAML 1.2 reads
+them (:mod:`~dgl_scalegnn.yaml_reader`), also in ``--set section.key=value``.
 
 Example
 -------
@@ -18,15 +22,17 @@ Example
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from dgl_scalegnn.errors import InputError
 from dgl_scalegnn.yaml_reader import parse_yaml
@@ -62,7 +68,8 @@ class ConfigError(InputError, ValueError):
     """A configuration value that cannot be used; the message names the key."""
 
 
-DATASET_NAMES = (
+#: The datasets ``data.name`` can read (see :mod:`dgl_scalegnn.data.datasets`).
+Dataset = Literal[
     "cora",
     "citeseer",
     "pubmed",
@@ -72,58 +79,110 @@ DATASET_NAMES = (
     "reddit",
     "dgl",
     "synthetic",
-)
-
-
+]
 #: How ``data.feature_norm`` scales the features (see :mod:`dgl_scalegnn.data.features`).
-FEATURE_NORMS = ("none", "row", "standardize")
+FeatureNorm = Literal["none", "row", "standardize"]
+#: Every graph layer type (``model.conv``; see :mod:`dgl_scalegnn.model.convs`).
+Conv = Literal["gcn", "sage", "gin"]
+#: Every vertex sampler (``sampling.method``; see :mod:`dgl_scalegnn.sampling.sampler`).
+SamplingMethod = Literal["uniform"]
+#: Local SpMM kernels that call DGL's sparse operators, which DGL's wheels provide on CPU
+#: only (see :mod:`dgl_scalegnn.parallel.spmm`).
+CpuOnlyKernel = Literal["dgl-scaled", "dgl-weighted"]
+#: Every local SpMM kernel (``parallel.spmm_kernel`` also takes ``auto``).
+SpmmKernel = Literal["torch-csr", CpuOnlyKernel]
+#: A switch that takes true, false or ``auto``, decided by the device (:func:`switch_on`).
+Switch = Literal[True, False, "auto"]
+
+#: The names each package's registry (:func:`registry`) implements.
+DATASET_NAMES: tuple[str, ...] = typing.get_args(Dataset)
+FEATURE_NORMS: tuple[str, ...] = typing.get_args(FeatureNorm)
+CONVS: tuple[str, ...] = typing.get_args(Conv)
+SAMPLING_METHODS: tuple[str, ...] = typing.get_args(SamplingMethod)
+CPU_ONLY_KERNELS: tuple[str, ...] = typing.get_args(CpuOnlyKernel)
+SPMM_KERNELS: tuple[str, ...] = typing.get_args(SpmmKernel)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """A condition on a setting beyond its type, declared in its field's annotation
+    (``hidden: Annotated[int, _at_least(1)]``) and checked when the value is read: a
+    value that ``holds`` is false for is refused, the message saying what is ``expected``."""
+
+    holds: Callable[[Any], bool]
+    expected: str
+
+
+def _at_least(minimum: float, expected: str = "") -> _Rule:
+    return _Rule(lambda value: value >= minimum, expected or f"it must be at least {minimum}")
+
+
+def _positive(expected: str = "it must be positive") -> _Rule:
+    return _Rule(lambda value: value > 0, expected)
+
+
+_RATE = _Rule(lambda value: 0 <= value < 1, "it must be in [0, 1)")
+_FRACTION = _Rule(lambda value: 0 < value <= 1, "give a fraction in (0, 1], e.g. 0.8")
+_GRID = _Rule(
+    lambda spec: min(grid_sizes(spec) or [0]) >= 1,
+    "give GdxGxxGyxGz (e.g. 1x2x2x2) or GxxGyxGz, every size at least 1",
+)
+_DIRECTORY = _Rule(os.path.isdir, "there is no such directory; give one scalegnn prepare wrote")
 
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """The built-in generator (see :mod:`dgl_scalegnn.data.synthetic`)."""
+    """The generator's class-homophilous power-law graph (:mod:`dgl_scalegnn.data.synthetic`)."""
 
-    num_nodes: int = 20_000
+    #: Vertices (at least 2).
+    num_nodes: Annotated[int, _at_least(2)] = 20_000
+    #: Mean degree.
     avg_degree: float = 10.0
-    num_features: int = 64
-    num_classes: int = 8
-    homophily: float = 0.6
+    #: Feature width.
+    num_features: Annotated[int, _at_least(1)] = 64
+    #: Classes (at least 2), and the communities the edges follow.
+    num_classes: Annotated[int, _at_least(2)] = 8
+    #: The share of edge ends drawn within the class, in [0, 1].
+    homophily: Annotated[float, _Rule(lambda h: 0 <= h <= 1, "it must be in [0, 1]")] = 0.6
+    #: The scale of the noise around each class's feature centroid.
     feature_noise: float = 5.0
+    #: The power law of the degrees.
     degree_exponent: float = 2.5
-    train_fraction: float = 0.3
-    val_fraction: float = 0.1
+    #: The share of training vertices; with ``val_fraction``'s, below 1 (the rest test).
+    train_fraction: Annotated[float, _positive()] = 0.3
+    #: The share of validation vertices, positive.
+    val_fraction: Annotated[float, _positive()] = 0.1
+    #: The same graph with features that carry no signal and 32 degree-quantile classes.
     featureless: bool = False
+    #: The generator's seed.
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Which graph to train on.
+    """Which graph to train on, and how it is read."""
 
-    ``root`` defaults to ``$SCALEGNN_DATA_ROOT``; ``path`` is the file of a graph saved
-    with ``dgl.save_graphs`` (``name: dgl``); ``prepared`` a directory written by
-    ``scalegnn prepare``, which then replaces loading and normalising. ``featureless``
-    applies the paper's recipe for graphs without features to any dataset (128 random
-    features, and 32 degree classes where the graph has no labels; see
-    :mod:`dgl_scalegnn.data.featureless`), drawn from ``permutation_seed``.
-    ``feature_norm`` scales the features when the graph is loaded (``none``, ``row``,
-    ``standardize``: :mod:`dgl_scalegnn.data.features`); ``auto`` is ``row`` for a
-    ``dgl`` file and ``none`` for the other loaders (DGL's Planetoid classes scale the
-    rows themselves; OGB's and Reddit's features are used as published), the synthetic
-    generator and the featureless recipe.
-    ``feat_key`` and ``label_key`` name the node data of a ``dgl`` file that hold the
-    features and the labels.
-    """
-
-    name: str = "synthetic"
+    #: A public dataset, ``dgl`` (the file ``path`` names) or ``synthetic`` (the generator).
+    name: Dataset = "synthetic"
+    #: Where the raw files are; unset: ``$SCALEGNN_DATA_ROOT`` (:meth:`resolved_root`).
     root: str | None = None
+    #: The file of a graph saved with ``dgl.save_graphs`` (``name: dgl``).
     path: str | None = None
-    prepared: str | None = None
+    #: A directory ``scalegnn prepare`` wrote, which then replaces loading and normalising.
+    prepared: Annotated[str, _DIRECTORY] | None = None
+    #: The seed of the vertices' relabelling when the graph is prepared and of ``featureless``.
     permutation_seed: int = 0
+    #: The paper's recipe for graphs without features, on any dataset: 128 random features,
+    #: and 32 degree classes where there are no labels (:mod:`dgl_scalegnn.data.featureless`).
     featureless: bool = False
-    feature_norm: str = "auto"
-    feat_key: str = "feat"
-    label_key: str = "label"
+    #: How loading scales the features (:mod:`dgl_scalegnn.data.features`); ``auto``:
+    #: :meth:`resolved_feature_norm`.
+    feature_norm: Literal["auto", FeatureNorm] = "auto"
+    #: The node data of a ``dgl`` file that holds the features.
+    feat_key: Annotated[str, _Rule(bool, "give the ndata key, e.g. 'feat'")] = "feat"
+    #: The node data of a ``dgl`` file that holds the labels.
+    label_key: Annotated[str, _Rule(bool, "give the ndata key, e.g. 'label'")] = "label"
+    #: The built-in generator's settings (``name: synthetic``).
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def resolved_root(self) -> str | None:
@@ -132,7 +191,9 @@ class DataConfig:
     def resolved_feature_norm(self) -> str:
         """``feature_norm``, with ``auto`` resolved: ``row`` for a ``dgl`` file (Kipf &
         Welling's scaling, the best on validation over the real graphs of
-        ``make bench-real``), ``none`` otherwise.
+        ``make bench-real``), ``none`` for the other loaders (DGL's Planetoid classes
+        scale the rows themselves; OGB's and Reddit's features are used as published),
+        the synthetic generator and the featureless recipe.
 
         >>> DataConfig(name="dgl", path="g.bin").resolved_feature_norm()
         'row'
@@ -146,124 +207,140 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """ScaleGNN model: input projection, ``layers`` graph layers of type ``conv``, output head.
+    r"""The model: an input projection, ``layers`` graph layers of type ``conv``, a head.
 
-    ``conv`` (one of :data:`CONVS`) is the layer type: ``gcn`` (the default,
-    :math:`\\tilde A X W`), ``sage`` (GraphSAGE-mean,
-    :math:`X W_{self} + (D^{-1} A X) W`) or ``gin`` (:math:`\\mathrm{MLP}((1 + \\epsilon) X
-    + A X)`, with ``gin_eps`` the initial :math:`\\epsilon`, learnt when
-    ``gin_learn_eps``); each layer's output then goes through the same tail (norm, ReLU,
-    dropout, residual).
-
-    ``input_projection`` and ``head`` are the paper's form when true. Without the input
-    projection the first GCN layer reads the features; without the head the last GCN
-    layer maps to the classes, with no norm, ReLU, dropout or residual after it. Both
-    false with ``norm`` and ``residual`` false is Kipf & Welling's GCN (DGL's GraphConv
-    stack, without biases). A residual joins only layers whose input and output widths
-    agree; it adds the layer's input (``residual_from: input``, the paper's form) or the
-    layer's input after aggregation, :math:`\\tilde A X_{h,l-1}` (``aggregated``).
-    ``final_norm`` applies an RMSNorm (with its own gain) to the head's input (the paper
-    has none). ``rms_eps`` is every RMSNorm's :math:`\\epsilon` in
-    :math:`x (s / d + \\epsilon)^{-1/2}`: against the activations' mean square it decides
-    how far the norm equalises the rows' magnitudes (on Cora, mean square about 0.003,
-    1.0 keeps small rows small and matches the GCN's accuracy; 1e-6 costs 2.4 points).
-    ``bias`` adds a learnt bias (initialised to zero) to the output of every linear map:
-    the input projection, each GCN layer (before its RMSNorm, as in DGL's ``GraphConv``)
-    and the head. The paper's equations have none (``false``).
+    The defaults are the ScaleGNN model, the paper's form, which the synthetic generator
+    trains; a graph that is read takes DGL's GCN recipe
+    (:mod:`~dgl_scalegnn.train.defaults`) for the keys its config does not set. Each
+    layer's product goes through the same tail (bias, RMSNorm, ReLU, dropout, residual);
+    without the head the last layer maps to the classes, with no tail but its bias.
+    ``norm``, ``residual``, ``input_projection`` and ``head`` all false is Kipf &
+    Welling's GCN: DGL's ``GraphConv`` stack.
     """
 
-    conv: str = "gcn"
-    hidden: int = 128
-    layers: int = 3
-    dropout: float = 0.5
-    input_dropout: float = 0.0
+    #: The layer type: ``gcn`` (:math:`\tilde A X W`), ``sage`` (GraphSAGE-mean, :math:`X
+    #: W_{self} + (D^{-1} A X) W`) or ``gin`` (:math:`\mathrm{MLP}((1 + \epsilon) X + A X)`).
+    conv: Conv = "gcn"
+    #: Hidden width.
+    hidden: Annotated[int, _at_least(1)] = 128
+    #: Graph layers (0 only with both the input projection and the head).
+    layers: Annotated[int, _at_least(0)] = 3
+    #: Dropout after each graph layer, in [0, 1).
+    dropout: Annotated[float, _RATE] = 0.5
+    #: Dropout on the input features, in [0, 1).
+    input_dropout: Annotated[float, _RATE] = 0.0
+    #: RMSNorm after each graph layer's linear map.
     norm: bool = True
+    #: A residual joins each layer whose input and output widths agree.
     residual: bool = True
+    #: :math:`X W_{in}` before the first graph layer.
     input_projection: bool = True
+    #: :math:`X W_{out}` after the last graph layer.
     head: bool = True
-    residual_from: str = "input"
+    #: What a residual adds: the layer's input (``input``, the paper's form) or its input
+    #: after aggregation, :math:`\tilde A X_{h,l-1}` (``aggregated``).
+    residual_from: Literal["input", "aggregated"] = "input"
+    #: An RMSNorm (with its own gain) on the head's input; the paper has none.
     final_norm: bool = False
-    rms_eps: float = 1e-6
+    #: Every RMSNorm's :math:`\epsilon` in :math:`x (s / d + \epsilon)^{-1/2}`, positive (an
+    #: all-zero row would divide by zero): against the activations' mean square it decides
+    #: how far the norm equalises the rows' magnitudes (``yaml/cora.yaml``: what it costs).
+    rms_eps: Annotated[float, _positive("it must be positive, e.g. 1e-6")] = 1e-6
+    #: A learnt bias (zero at first) on every linear map's output, a graph layer's before
+    #: its RMSNorm (as in DGL's ``GraphConv``); the paper's equations have none.
     bias: bool = False
+    #: GIN's :math:`\epsilon`, its initial value where learnt (``conv: gin`` only).
     gin_eps: float = 0.0
+    #: Learn GIN's :math:`\epsilon` (``conv: gin`` only).
     gin_learn_eps: bool = False
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Vertex sampling (``method``, one of :data:`SAMPLING_METHODS`): ``batch_size``
-    vertices per step and DP group."""
+    """How the vertices of a training step are drawn."""
 
-    method: str = "uniform"
-    batch_size: int = 4096
+    #: The sampler: ``uniform`` draws B of the N vertices without replacement and divides
+    #: the off-diagonal edges by p = (B-1)/(N-1), so that the aggregation is unbiased.
+    method: SamplingMethod = "uniform"
+    #: B, the vertices each data-parallel group samples a step (at least 2).
+    batch_size: Annotated[int, _at_least(2)] = 4096
+    #: The samples' seed: step t of group d draws from ``(seed, d, t)``, with no message.
     seed: int = 0
+    #: Build the batch of step t+1 while step t trains (the same batches).
     prefetch: bool = False
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Epochs of ``ceil(N / batch_size) / Gd`` steps with full-graph evaluation.
+    """Epochs of ``ceil(ceil(N / batch_size) / Gd)`` steps, the full-graph evaluations
+    (every ``eval_every`` epochs, or on a schedule of steps where ``eval_every_steps`` or
+    ``eval_at_steps`` is set; always after the last step), and when training stops."""
 
-    Evaluation runs every ``eval_every`` epochs or, when ``eval_every_steps`` or
-    ``eval_at_steps`` is set, on a schedule of steps instead (on large graphs an epoch is
-    many seconds, and a time to target rounded up to whole epochs says little): every
-    ``eval_every_steps`` steps and after each step count in ``eval_at_steps`` (a list,
-    e.g. log-spaced to read a time to target within a constant factor with few
-    evaluations); always after the last step. ``evaluate: false`` trains without any
-    full-graph evaluation. ``evaluation`` says how one runs: ``layerwise`` (each layer
-    over every vertex, its input and output held whole and shared by the grid),
-    ``neighbourhood`` (each rank its share of the vertices, a chunk at a time, from their
-    whole neighbourhoods: memory bounded by the chunk, work recomputed about the average
-    degree times in the first layer) or ``auto``: layer-wise where the ranks' memory holds
-    it, else neighbourhood, said at start-up with the figures.
-    ``progress``: on a terminal, a bar of the steps on stderr (the console's lines print
-    above it). Training stops after ``max_steps`` steps or, with ``max_train_s``, after
-    the step in which the training seconds (evaluations and checkpoints not counted;
-    the slowest rank's) reach that budget; the cosine schedule then decays over the
-    seconds instead of the steps.
-    """
-
-    epochs: int = 20
+    #: Epochs to train (at least 1).
+    epochs: Annotated[int, _at_least(1)] = 20
+    #: ``false`` trains without any full-graph evaluation.
     evaluate: bool = True
-    evaluation: str = "auto"
-    eval_every: int = 1
-    eval_every_steps: int | None = None
-    eval_at_steps: tuple[int, ...] = ()
-    target_metric: str = "val_acc"
-    target_acc: float | None = None
+    #: How an evaluation runs: ``layerwise`` (each layer over every vertex, held whole and
+    #: shared by the grid), ``neighbourhood`` (each rank its vertices, a chunk at a time,
+    #: from their whole neighbourhoods: memory bounded by the chunk, work recomputed) or
+    #: ``auto``: layer-wise where the ranks' memory holds it, said at start-up.
+    evaluation: Literal["auto", "layerwise", "neighbourhood"] = "auto"
+    #: Evaluate every that many epochs (at least 1).
+    eval_every: Annotated[int, _at_least(1)] = 1
+    #: Evaluate every that many steps instead.
+    eval_every_steps: Annotated[int, _at_least(1)] | None = None
+    #: Evaluate after each of these step counts instead (e.g. log-spaced: a time to target
+    #: within a constant factor from few evaluations; an epoch of a large graph is long).
+    eval_at_steps: tuple[Annotated[int, _at_least(1)], ...] = ()
+    #: The accuracy ``target_acc`` is compared with.
+    target_metric: Literal["train_acc", "val_acc", "test_acc"] = "val_acc"
+    #: A fraction in (0, 1]: training stops at the first evaluation that reaches it, and
+    #: the summary's ``time_to_target_s`` is the training time until then.
+    target_acc: Annotated[float, _FRACTION] | None = None
+    #: The seed of the weights' initialisation and of dropout.
     seed: int = 0
-    on_nonfinite: str = "stop"
+    #: A NaN or infinite loss or gradient: ``stop`` training at that step, or ``skip`` it.
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    #: On a terminal, a bar of the steps on stderr (the console's lines print above it).
     progress: bool = True
-    max_steps: int | None = None
-    max_train_s: float | None = None
+    #: Stop after that many steps (also the horizon of the cosine schedule).
+    max_steps: Annotated[int, _at_least(1)] | None = None
+    #: Stop after the step in which the training seconds (the slowest rank's, without
+    #: evaluations and checkpoints) reach this; a cosine schedule then decays over them.
+    max_train_s: Annotated[float, _positive("give the training seconds, e.g. 60")] | None = None
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """The 4D grid ``GdxGxxGyxGz``, the device it runs on and how its communication runs.
+    """The 4D grid ``GdxGxxGyxGz``, the device it runs on and how its communication runs."""
 
-    ``device`` decides and ``backend`` follows: ``cuda`` trains on NCCL with one GPU per
-    rank, ``cpu`` on gloo, and ``auto`` takes CUDA where it is usable and says at start-up
-    which it took and why (see :func:`~dgl_scalegnn.distributed.devices.resolve_device`).
-    ``backend`` may name the same choice (``nccl`` means CUDA, ``gloo`` the CPU); a
-    contradictory pair is refused. ``fuse`` compiles the layer tail with
-    ``torch.compile`` (``auto``: on CUDA tensors, where it saves kernel launches; eager on
-    the CPU, where it measured slower); ``tf32`` lets CUDA's float32 matrix products run
-    on TensorFloat-32 tensor cores (``auto``: on with CUDA), with 10 mantissa bits in the
-    products instead of 23 (sums stay float32).
-    """
-
-    grid: str = "1x1x1x1"
-    device: str = "auto"
-    backend: str = "auto"
-    timeout_s: float = 300.0
-    watchdog_s: float = 15.0
+    #: ``GdxGxxGyxGz`` (or ``GxxGyxGz``), whose product is the number of processes.
+    grid: Annotated[str, _GRID] = "1x1x1x1"
+    #: ``cuda`` trains on NCCL with one GPU per rank, ``cpu`` on gloo; ``auto`` takes CUDA
+    #: where it is usable, saying at start-up which it took and why (see
+    #: :func:`~dgl_scalegnn.distributed.devices.resolve_device`).
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    #: Follows ``device``; it may name the same choice (``nccl`` means CUDA, ``gloo`` the
+    #: CPU), and a contradictory pair is refused.
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    #: The time limit (seconds) of the rendezvous and of collectives (at least 1).
+    timeout_s: Annotated[float, _at_least(1)] = 300.0
+    #: A rank lost or failed stops every rank within this many seconds (at least 2).
+    watchdog_s: Annotated[float, _at_least(2)] = 15.0
+    #: The 3D PMM all-reduces travel as bfloat16.
     bf16_comm: bool = False
+    #: A linear's input- and weight-gradient all-reduces run concurrently.
     overlap: bool = False
-    fuse: bool | str = "auto"
-    tf32: bool | str = "auto"
+    #: Compile the layer tail with ``torch.compile`` (``auto``: on CUDA, where it saves
+    #: kernel launches; eager on the CPU, where it is slower).
+    fuse: Switch = "auto"
+    #: CUDA's float32 matrix products on TensorFloat-32 tensor cores (``auto``: with CUDA):
+    #: 10 mantissa bits in the products instead of 23 (sums stay float32).
+    tf32: Switch = "auto"
+    #: Native CPU loops for the layer tail and the full-graph evaluation's SpMM.
     native_kernels: bool = True
-    spmm_kernel: str = "auto"
+    #: The local SpMM kernel (``auto`` takes ``torch-csr``; the DGL ones run on CPU only).
+    spmm_kernel: Literal["auto", SpmmKernel] = "auto"
 
     def requested_device(self) -> str:
         """``cuda``, ``cpu`` or ``auto``: ``device``, or the device ``backend`` names.
@@ -276,40 +353,44 @@ class ParallelConfig:
         return _BACKEND_DEVICE.get(self.backend, "auto")
 
 
+#: The device each ``parallel.backend`` runs on.
+_BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
+
+
 @dataclass(frozen=True)
 class OptimConfig:
-    """Adam, at ``lr`` (``constant``) or on a cosine decay to 0 over the run's steps
-    (``cosine``), after a linear warm-up of ``warmup_steps`` (see
-    :func:`~dgl_scalegnn.core.schedule.learning_rate`)."""
+    """Adam, on the schedule of :func:`~dgl_scalegnn.core.schedule.learning_rate`."""
 
-    lr: float = 0.01
-    weight_decay: float = 0.0
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
+    #: The learning rate (the schedule's peak), positive.
+    lr: Annotated[float, _positive()] = 0.01
+    #: Adam's weight decay, 0 or more.
+    weight_decay: Annotated[float, _at_least(0, "give 0 (none) or more, e.g. 5e-4")] = 0.0
+    #: ``constant``, or ``cosine``: a decay to 0 over the run's steps (over its training
+    #: seconds where ``train.max_train_s`` is set).
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    #: Steps of a linear warm-up before the schedule (0: none).
+    warmup_steps: Annotated[int, _at_least(0, "give 0 (no warm-up) or more")] = 0
 
 
 @dataclass(frozen=True)
 class OutputConfig:
-    """Where results go: JSON-lines metrics and checkpoints, and how often the console
-    prints a loss line between evaluations (``log_every`` steps; 0: never)."""
+    """Where results go, and how often the console prints."""
 
+    #: The run's directory: checkpoints go to ``dir/checkpoints``.
     dir: str | None = None
+    #: A JSON-lines file of every event (what ``--metrics FILE`` sets).
     metrics: str | None = None
-    checkpoint_every: int = 0
+    #: A checkpoint every that many steps and after the last (0: when a signal asks).
+    checkpoint_every: Annotated[int, _at_least(0)] = 0
+    #: Continue from the latest checkpoint in ``dir`` (what ``--resume`` sets).
     resume: bool = False
-    log_every: int = 50
+    #: A loss line every that many steps between evaluations (0: never).
+    log_every: Annotated[int, _at_least(0)] = 50
 
 
 @dataclass(frozen=True)
 class Config:
-    """A whole run's configuration, one section per concern.
-
-    ``explicit`` holds the dotted keys the user gave (in the YAML or with ``--set``),
-    which :func:`config_from_mapping` records; it is not a key of the YAML. A graph
-    that is read (every ``data.name`` but ``synthetic``) takes the settings
-    :mod:`~dgl_scalegnn.train.defaults` derives from it for every key of
-    :data:`~dgl_scalegnn.train.defaults.DERIVED_KEYS` not in ``explicit``.
-    """
+    """A whole run's configuration, one section per concern."""
 
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -318,6 +399,8 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    #: The dotted keys the user gave (YAML or ``--set``; not a key itself): the ones a
+    #: graph that is read does not derive (:mod:`~dgl_scalegnn.train.defaults`).
     explicit: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,20 +410,6 @@ class Config:
 
 #: The sections of a config file (every field of :class:`Config` but ``explicit``).
 _SECTIONS = ("data", "model", "sampling", "train", "parallel", "optim", "output")
-
-#: Local SpMM kernels that call DGL's sparse operators, which DGL's wheels provide on CPU
-#: only (see :mod:`dgl_scalegnn.parallel.spmm`).
-CPU_ONLY_KERNELS = ("dgl-scaled", "dgl-weighted")
-#: Every local SpMM kernel (``parallel.spmm_kernel`` also takes ``auto``).
-SPMM_KERNELS = ("torch-csr", *CPU_ONLY_KERNELS)
-#: Every vertex sampler (``sampling.method``; see :mod:`dgl_scalegnn.sampling.sampler`).
-SAMPLING_METHODS = ("uniform",)
-#: Every graph layer type (``model.conv``; see :mod:`dgl_scalegnn.model.convs`).
-CONVS = ("gcn", "sage", "gin")
-#: The device each ``parallel.backend`` runs on.
-_BACKEND_DEVICE = {"nccl": "cuda", "gloo": "cpu"}
-#: Switches that take ``auto`` (decided by the device) besides true and false.
-_AUTO_SWITCHES = ("parallel.fuse", "parallel.tf32")
 
 _Entry = TypeVar("_Entry")
 
@@ -365,22 +434,6 @@ def registry(key: str, names: tuple[str, ...], entries: dict[str, _Entry]) -> di
             f"implementations without a name {sorted(extra)}"
         )
     return entries
-
-
-_CHOICES = {
-    "data.name": DATASET_NAMES,
-    "train.target_metric": ("train_acc", "val_acc", "test_acc"),
-    "train.on_nonfinite": ("stop", "skip"),
-    "train.evaluation": ("auto", "layerwise", "neighbourhood"),
-    "parallel.device": ("auto", "cpu", "cuda"),
-    "parallel.backend": ("auto", "gloo", "nccl"),
-    "parallel.spmm_kernel": ("auto", *SPMM_KERNELS),
-    "sampling.method": SAMPLING_METHODS,
-    "model.conv": CONVS,
-    "optim.lr_schedule": ("constant", "cosine"),
-    "model.residual_from": ("input", "aggregated"),
-    "data.feature_norm": ("auto", *FEATURE_NORMS),
-}
 
 
 def grid_sizes(spec: str) -> tuple[int, ...] | None:
@@ -416,8 +469,8 @@ def check_kernel_backend(kernel: str, backend: str) -> None:
 
 
 def switch_on(setting: bool | str, device: str) -> bool:
-    """A switch that takes true, false or ``auto`` (:data:`_AUTO_SWITCHES`), on ``device``
-    (``"cuda"``, ``"cpu"``...): ``auto`` is on with CUDA.
+    """A :data:`Switch` (true, false or ``auto``) on ``device`` (``"cuda"``, ``"cpu"``...):
+    ``auto`` is on with CUDA.
 
     >>> switch_on("auto", "cuda"), switch_on("auto", "cpu"), switch_on(True, "cpu")
     (True, False, True)
@@ -425,9 +478,47 @@ def switch_on(setting: bool | str, device: str) -> bool:
     return setting is True or (setting == "auto" and device == "cuda")
 
 
-def _check_parallel(parallel: ParallelConfig) -> None:
-    """Refuse a device and backend that contradict each other, a switch that is neither
-    true, false nor auto, and a kernel the requested device cannot run."""
+def check_config(cfg: Config) -> None:
+    """Refuse values that contradict each other, with a :class:`ConfigError` naming the
+    keys: every rule between two keys is here (each value alone is checked against its
+    annotation when it is read: :func:`config_from_mapping`)."""
+    data, model, parallel, output = cfg.data, cfg.model, cfg.parallel, cfg.output
+    if data.name == "dgl" and not data.path and not data.prepared:
+        raise ConfigError("data.path: name 'dgl' needs the file written by dgl.save_graphs")
+    for key, default in (("feat_key", "feat"), ("label_key", "label")):
+        if getattr(data, key) != default and data.name != "dgl":
+            raise ConfigError(
+                f"data.{key}: got {getattr(data, key)!r} with data.name {data.name!r}; it names "
+                f"the node data of a dgl.save_graphs file (data.name: dgl); remove it for "
+                f"{data.name}"
+            )
+    synthetic = data.synthetic
+    if synthetic.train_fraction + synthetic.val_fraction >= 1:
+        raise ConfigError(
+            "data.synthetic.train_fraction/val_fraction: got "
+            f"{synthetic.train_fraction}/{synthetic.val_fraction}; their sum must be below 1"
+        )
+    if model.layers == 0 and not (model.head and model.input_projection):
+        switch = "input_projection" if model.head else "head"
+        raise ConfigError(
+            f"model.layers: got 0, but model.{switch}: false needs a GCN layer (to read the "
+            "features or to output the classes); give at least one layer or turn it back on"
+        )
+    if model.final_norm and not model.head:
+        raise ConfigError(
+            "model.final_norm: true normalises the head's input, but model.head: false; "
+            "turn the head on or final_norm off"
+        )
+    if model.conv != "gin" and (model.gin_eps != 0 or model.gin_learn_eps):
+        raise ConfigError(
+            f"model.gin_eps / model.gin_learn_eps set with model.conv: {model.conv}; they "
+            "are GIN's (model.conv: gin): remove them or choose gin"
+        )
+    if cfg.train.target_acc is not None and not cfg.train.evaluate:
+        raise ConfigError(
+            f"train.target_acc: {cfg.train.target_acc} is checked at evaluations, but "
+            "train.evaluate: false runs none; unset one of them"
+        )
     implied = _BACKEND_DEVICE.get(parallel.backend)
     if parallel.device != "auto" and implied not in (None, parallel.device):
         raise ConfigError(
@@ -435,165 +526,40 @@ def _check_parallel(parallel: ParallelConfig) -> None:
             f"{parallel.device!r}, but {parallel.backend} runs on {implied}; give backend auto "
             f"(it follows the device: nccl on cuda, gloo on cpu) or device {implied}"
         )
-    for key in _AUTO_SWITCHES:
-        value = getattr(parallel, key.split(".")[1])
-        if not isinstance(value, bool) and value != "auto":
-            raise ConfigError(f"{key}: got {value!r}; give true, false or auto")
     requested = parallel.requested_device()
     check_kernel_backend(parallel.spmm_kernel, "nccl" if requested == "cuda" else "gloo")
-
-
-def check_config(cfg: Config) -> None:
-    """Refuse a value out of its choices or range, or a contradictory pair of values,
-    with a :class:`ConfigError` naming the key (what :func:`config_from_mapping` checks)."""
-    for key, allowed in _CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in allowed:
-            raise ConfigError(f"{key}: got {value!r}; allowed values are {', '.join(allowed)}")
-
-    def positive(key: str, value: float, minimum: float = 1) -> None:
-        if value < minimum:
-            raise ConfigError(f"{key}: got {value}; it must be at least {minimum}")
-
-    _check_parallel(cfg.parallel)
-    sizes = grid_sizes(cfg.parallel.grid)
-    if sizes is None or min(sizes) < 1:
+    if output.checkpoint_every and not output.dir:
         raise ConfigError(
-            f"parallel.grid: got {cfg.parallel.grid!r}; give GdxGxxGyxGz (e.g. 1x2x2x2) or "
-            "GxxGyxGz, every size at least 1"
-        )
-    positive("model.hidden", cfg.model.hidden)
-    positive("model.layers", cfg.model.layers, 0)
-    if cfg.model.layers == 0 and not (cfg.model.head and cfg.model.input_projection):
-        switch = "input_projection" if cfg.model.head else "head"
-        raise ConfigError(
-            f"model.layers: got 0, but model.{switch}: false "
-            "needs a GCN layer (to read the features or to output the classes); give at "
-            "least one layer or turn it back on"
-        )
-    if cfg.model.final_norm and not cfg.model.head:
-        raise ConfigError(
-            "model.final_norm: true normalises the head's input, but model.head: false; "
-            "turn the head on or final_norm off"
-        )
-    positive("sampling.batch_size", cfg.sampling.batch_size, 2)
-    positive("train.epochs", cfg.train.epochs)
-    positive("train.eval_every", cfg.train.eval_every)
-    positive("output.checkpoint_every", cfg.output.checkpoint_every, 0)
-    positive("output.log_every", cfg.output.log_every, 0)
-    positive("parallel.timeout_s", cfg.parallel.timeout_s, 1)
-    positive("parallel.watchdog_s", cfg.parallel.watchdog_s, 2)
-    for key in ("dropout", "input_dropout"):
-        rate = getattr(cfg.model, key)
-        if not 0.0 <= rate < 1.0:
-            raise ConfigError(f"model.{key}: got {rate}; it must be in [0, 1)")
-    if cfg.model.conv != "gin" and (cfg.model.gin_eps != 0 or cfg.model.gin_learn_eps):
-        raise ConfigError(
-            f"model.gin_eps / model.gin_learn_eps set with model.conv: {cfg.model.conv}; they "
-            "are GIN's (model.conv: gin): remove them or choose gin"
-        )
-    if cfg.model.rms_eps <= 0:
-        raise ConfigError(
-            f"model.rms_eps: got {cfg.model.rms_eps}; it must be positive (an all-zero row "
-            "divides by zero otherwise), e.g. 1e-6"
-        )
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"optim.lr: got {cfg.optim.lr}; it must be positive")
-    if cfg.optim.weight_decay < 0:
-        raise ConfigError(
-            f"optim.weight_decay: got {cfg.optim.weight_decay}; give 0 (none) or more, e.g. 5e-4"
-        )
-    if cfg.optim.warmup_steps < 0:
-        raise ConfigError(
-            f"optim.warmup_steps: got {cfg.optim.warmup_steps}; give 0 (no warm-up) or more"
-        )
-    if cfg.train.target_acc is not None and not cfg.train.evaluate:
-        raise ConfigError(
-            f"train.target_acc: {cfg.train.target_acc} is checked at evaluations, but "
-            "train.evaluate: false runs none; unset one of them"
-        )
-    if cfg.train.target_acc is not None and not 0.0 < cfg.train.target_acc <= 1.0:
-        raise ConfigError(
-            f"train.target_acc: got {cfg.train.target_acc}; give a fraction in (0, 1], e.g. 0.8"
-        )
-    if cfg.train.max_steps is not None:
-        positive("train.max_steps", cfg.train.max_steps)
-    if cfg.train.max_train_s is not None and not cfg.train.max_train_s > 0:
-        raise ConfigError(
-            f"train.max_train_s: got {cfg.train.max_train_s}; give the training seconds, e.g. 60"
-        )
-    if cfg.train.eval_every_steps is not None:
-        positive("train.eval_every_steps", cfg.train.eval_every_steps)
-    for step in cfg.train.eval_at_steps:
-        positive("train.eval_at_steps", step)
-    if cfg.data.name == "dgl" and not cfg.data.path and not cfg.data.prepared:
-        raise ConfigError("data.path: name 'dgl' needs the file written by dgl.save_graphs")
-    for key, default in (("feat_key", "feat"), ("label_key", "label")):
-        value = getattr(cfg.data, key)
-        if value != default and cfg.data.name != "dgl":
-            raise ConfigError(
-                f"data.{key}: got {value!r} with data.name {cfg.data.name!r}; it names the node "
-                f"data of a dgl.save_graphs file (data.name: dgl); remove it for {cfg.data.name}"
-            )
-        if not value:
-            raise ConfigError(f"data.{key}: empty; give the ndata key, e.g. {default!r}")
-    syn = cfg.data.synthetic
-    positive("data.synthetic.num_nodes", syn.num_nodes, 2)
-    positive("data.synthetic.num_classes", syn.num_classes, 2)
-    positive("data.synthetic.num_features", syn.num_features)
-    if not 0.0 <= syn.homophily <= 1.0:
-        raise ConfigError(f"data.synthetic.homophily: got {syn.homophily}; it must be in [0, 1]")
-    if not (
-        syn.train_fraction > 0
-        and syn.val_fraction > 0
-        and syn.train_fraction + syn.val_fraction < 1
-    ):
-        raise ConfigError(
-            "data.synthetic.train_fraction/val_fraction: got "
-            f"{syn.train_fraction}/{syn.val_fraction}; both positive with a sum below 1"
-        )
-    if cfg.output.checkpoint_every and not cfg.output.dir:
-        raise ConfigError(
-            f"output.checkpoint_every: got {cfg.output.checkpoint_every}, but output.dir is not "
+            f"output.checkpoint_every: got {output.checkpoint_every}, but output.dir is not "
             "set; give output.dir (checkpoints go to output.dir/checkpoints)"
         )
-    if cfg.data.prepared is not None and not Path(cfg.data.prepared).is_dir():
-        raise ConfigError(f"data.prepared: directory {cfg.data.prepared!r} does not exist")
-
-
-def _finite(key: str, value: float) -> float:
-    """``value``, refused when it is NaN or infinite (no float setting means either)."""
-    if not math.isfinite(value):
+    if output.resume and not output.dir:
         raise ConfigError(
-            f"{key}: got {value}; give a finite number (YAML's .nan, .inf and -.inf are not)"
+            "output.resume: true (--resume) continues from output.dir/checkpoints, but "
+            "output.dir is not set; give the run's output.dir"
         )
-    return value
-
-
-def _whole(key: str, value: float) -> int:
-    """``value`` as the int it equals (``1e3`` reads as the float 1000.0), refused when it
-    has a fractional part or is not finite."""
-    if not value.is_integer():
-        raise ConfigError(f"{key}: expected int, got float {value!r}; give a whole number")
-    return int(value)
 
 
 def _coerce(key: str, annotation: Any, value: Any) -> Any:
-    """Check ``value`` against a field annotation; ints are accepted where floats are (and
-    floats that equal an int where ints are); floats must be finite."""
+    """Check ``value`` against a field annotation: its type (ints are accepted where floats
+    are, and floats that equal an int where ints are; floats must be finite), the values
+    of a ``Literal`` and the rules of an ``Annotated`` type."""
     origin = typing.get_origin(annotation)
-    if origin in (types.UnionType, typing.Union):
-        options = typing.get_args(annotation)
-        if value is None and type(None) in options:
-            return None
-        refusals = []
-        for option in (option for option in options if option is not type(None)):
-            try:
-                return _coerce(key, option, value)
-            except ConfigError as refusal:  # the next type may take it (bool | str)
-                refusals.append(refusal)
-        raise refusals[0]
+    if origin in (types.UnionType, typing.Union):  # X | None, the schema's one union
+        (option,) = (option for option in typing.get_args(annotation) if option is not type(None))
+        return None if value is None else _coerce(key, option, value)
+    if origin is Annotated:  # a type and its rules
+        value = _coerce(key, typing.get_args(annotation)[0], value)
+        for rule in annotation.__metadata__:
+            if not rule.holds(value):
+                raise ConfigError(f"{key}: got {value!r}; {rule.expected}")
+        return value
+    if origin is Literal:  # one of these values, of their type (1 is not true)
+        choices = typing.get_args(annotation)
+        if not any(type(value) is type(choice) and value == choice for choice in choices):
+            said = (c if isinstance(c, str) else str(c).lower() for c in choices)  # True: true
+            raise ConfigError(f"{key}: got {value!r}; allowed values are {', '.join(said)}")
+        return value
     if origin is tuple:  # tuple[T, ...]: a YAML list
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
@@ -608,9 +574,15 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
     if annotation in (int, float) and isinstance(value, bool):
         raise ConfigError(f"{key}: expected {annotation.__name__}, got bool {value!r}")
     if annotation is float and isinstance(value, (int, float)):
-        return _finite(key, float(value))
+        if not math.isfinite(value):  # no float setting means NaN or infinity
+            raise ConfigError(
+                f"{key}: got {value}; give a finite number (YAML's .nan, .inf and -.inf are not)"
+            )
+        return float(value)
     if annotation is int and isinstance(value, float):
-        return _whole(key, value)
+        if not value.is_integer():  # 1e3 reads as the float 1000.0
+            raise ConfigError(f"{key}: expected int, got float {value!r}; give a whole number")
+        return int(value)
     if not isinstance(value, annotation):
         raise ConfigError(
             f"{key}: expected {annotation.__name__}, got {type(value).__name__} {value!r}"
@@ -619,7 +591,7 @@ def _coerce(key: str, annotation: Any, value: Any) -> Any:
 
 
 def _build(cls: type, mapping: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     known = set(_SECTIONS) if cls is Config else {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(mapping) - known)
     if unknown:
@@ -659,7 +631,7 @@ def _dotted_keys(mapping: dict[str, Any], prefix: str = "") -> list[str]:
 
 def apply_overrides(mapping: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` strings (values parsed as YAML scalars) to a copy."""
-    result = _deep_copy(mapping)
+    result = copy.deepcopy(mapping)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.key=value")
@@ -676,10 +648,6 @@ def apply_overrides(mapping: dict[str, Any], overrides: list[str]) -> dict[str, 
         except ValueError as error:
             raise ConfigError(f"--set {key}: {raw!r} is not a YAML value: {error}") from None
     return result
-
-
-def _deep_copy(mapping: dict[str, Any]) -> dict[str, Any]:
-    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in mapping.items()}
 
 
 def _config_text(file: Path) -> str:

@@ -3,21 +3,25 @@ named reason. Malformed YAML and unknown keys are refused."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from dgl_scalegnn.config import ConfigError, ModelConfig, config_from_mapping, load_config
+from dgl_scalegnn.config import Config, ConfigError, ModelConfig, config_from_mapping, load_config
 from dgl_scalegnn.core.grid_shape import GridError, GridShape
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.distributed.comm import Runtime
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import random_dataset
+from dgl_scalegnn.yaml_reader import parse_yaml
+from tests.helpers import ROOT, random_dataset
 from tests.oracle import assemble, reference_step
 from tests.ranks import spawn_ranks
 
@@ -262,7 +266,7 @@ def test_random_grid_and_sizes_match_the_oracle_or_are_refused(tmp_path_factory,
         ("parallel.grid=1x2x2x2", "grid 1x2x2x2 needs 8 processes but the job has 1"),
         ("data.name=imagenet", "data.name: got 'imagenet'; allowed values are"),
         ("model.hidden=abc", "model.hidden: expected int, got str 'abc'"),
-        ("data.prepared=/no/such/dir", "data.prepared: directory '/no/such/dir' does not exist"),
+        ("data.prepared=/no/such/dir", "data.prepared: got '/no/such/dir'; there is no such dir"),
         ("data.name=cora", "set data.root in the config or the SCALEGNN_DATA_ROOT environment"),
     ],
 )
@@ -288,3 +292,66 @@ def test_final_norm_needs_a_head_and_residual_from_names_its_choices():
         config_from_mapping({"model": {"residual_from": "output"}})
     model = config_from_mapping({"model": {"residual_from": "aggregated", "final_norm": True}})
     assert (model.model.residual_from, model.model.final_norm) == ("aggregated", True)
+
+
+def test_resume_needs_a_run_directory_and_is_refused_before_any_data_is_read(capsys):
+    from dgl_scalegnn.cli import main
+
+    with pytest.raises(ConfigError, match=r"^output\.resume: true \(--resume\) .* give the run's"):
+        config_from_mapping({"output": {"resume": True}})
+    resumed = config_from_mapping({"output": {"resume": True, "dir": "runs/a"}}).output
+    assert (resumed.resume, resumed.dir) == (True, "runs/a")
+    # Cora's files are not there: refused for the config before the dataset is looked for
+    assert main(["train", "--resume", "--set", "data.name=cora", "--set", "data.root=/no"]) == 2
+    assert capsys.readouterr().err.startswith("scalegnn: error: output.resume: true")
+
+
+def _documented_defaults() -> dict[str, object]:
+    """``section.key`` -> the default docs/configuration.md's tables give it (YAML's
+    reading of the default column; ``unset`` is None)."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    defaults: dict[str, object] = {}
+    for section, body in re.findall(r"^## `(\w+)`.*?\n(.*?)(?=^## )", text, re.M | re.S):
+        table = body.split("| key | default | meaning |\n|---|---|---|\n")[1].split("\n\n")[0]
+        for row in table.splitlines():
+            keys, values = (cell.strip() for cell in row.split("|")[1:3])
+            for key, value in zip(keys.split(", "), values.split(", "), strict=True):
+                default = None if value == "unset" else parse_yaml(value.strip("`"))
+                defaults[f"{section}.{key.strip('`')}"] = default
+    return defaults
+
+
+def _declared_defaults(cls: type = Config, prefix: str = "") -> dict[str, object]:
+    defaults: dict[str, object] = {}
+    for item in dataclasses.fields(cls):
+        if item.name == "explicit":
+            continue
+        value = item.default_factory() if item.default is dataclasses.MISSING else item.default
+        if dataclasses.is_dataclass(value):
+            defaults |= _declared_defaults(type(value), f"{prefix}{item.name}.")
+        else:
+            defaults[f"{prefix}{item.name}"] = list(value) if isinstance(value, tuple) else value
+    return defaults
+
+
+def test_the_reference_gives_every_key_with_the_default_config_py_declares():
+    assert _documented_defaults() == _declared_defaults()
+
+
+def test_every_key_is_documented_where_it_is_declared():
+    """A ``#:`` comment above every field of every section in config.py."""
+    source = (ROOT / "dgl_scalegnn" / "config.py").read_text().splitlines()
+    sections = [
+        node
+        for node in ast.parse("\n".join(source)).body
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Config") and node.name != "Config"
+    ]
+    assert len(sections) == 8
+    undocumented = [
+        f"{section.name}.{statement.target.id}"
+        for section in sections
+        for statement in section.body
+        if isinstance(statement, ast.AnnAssign)
+        and not source[statement.lineno - 2].strip().startswith("#:")
+    ]
+    assert undocumented == []

@@ -55,7 +55,10 @@ def test_fuse_and_tf32_take_true_false_or_auto(key):
     for value in (True, False, "auto"):
         assert getattr(config_from_mapping({"parallel": {key: value}}).parallel, key) == value
     for value in ("on", 1):
-        with pytest.raises(ConfigError, match=f"parallel.{key}: got '{value}'; give true, false"):
+        with pytest.raises(
+            ConfigError,
+            match=f"parallel.{key}: got {value!r}; allowed values are true, false, auto",
+        ):
             config_from_mapping({"parallel": {key: value}})
 
 

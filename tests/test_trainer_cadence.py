@@ -51,7 +51,7 @@ def test_eval_at_steps_is_a_list_of_positive_step_counts(tmp_path):
         config_from_mapping({"train": {"eval_at_steps": 5}})
     with pytest.raises(ConfigError, match=r"train\.eval_at_steps\[1\]: expected int, got str"):
         config_from_mapping({"train": {"eval_at_steps": [5, "x"]}})
-    with pytest.raises(ConfigError, match=r"train\.eval_at_steps: got 0; it must be at least 1"):
+    with pytest.raises(ConfigError, match=r"train\.eval_at_steps\[1\]: got 0; it must be at least"):
         config_from_mapping({"train": {"eval_at_steps": [5, 0]}})
 
 
