@@ -101,13 +101,8 @@ class Signature:
         return f"{self.returns} {self.name}({spaced})"
 
     def bind(self, function: ctypes._CFuncPtr) -> None:
-        """Give ``function`` these argument and return types (a pointer: ``c_void_p``).
-
-        Raises
-        ------
-        ValueError
-            A type that ctypes is not given here.
-        """
+        """Give ``function`` these argument and return types (a pointer: ``c_void_p``);
+        ``ValueError`` for a type that has none here."""
         kinds = [kind for kind, _ in self.parameters if "*" not in kind]
         unknown = {self.returns, *kinds} - {*_CTYPES, "void"}
         if unknown:
@@ -198,16 +193,11 @@ class NativeLibrary:
         The C source.
     prototypes : sequence of str
         The C prototype of each function Python calls, as its definition in ``source``
-        reads (``restrict`` may be left out).
+        reads (``restrict`` may be left out; ``ValueError`` if one is no prototype).
     what : str
         What the library is, in its log lines (``"native CPU kernels"``).
     fallback : str
         What runs where it does not load, in its log line (``"running eager kernels"``).
-
-    Raises
-    ------
-    ValueError
-        A prototype that is not one.
     """
 
     def __init__(self, source: Path, prototypes: Sequence[str], what: str, fallback: str):
