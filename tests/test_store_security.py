@@ -19,12 +19,12 @@ import threading
 import psutil
 import pytest
 import torch.distributed as dist
-from dgl_scalegnn.distributed.launch import LaunchInfo
-from dgl_scalegnn.distributed.rendezvous import SECRET_VARIABLE, JobStore, init_distributed
 
 import yaml
 from dgl_scalegnn.cli import main as cli_main
 from dgl_scalegnn.config import ConfigError
+from dgl_scalegnn.distributed.launch import LaunchInfo
+from dgl_scalegnn.distributed.rendezvous import SECRET_VARIABLE, JobStore, init_distributed
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE, Watchdog, stopped_the_job
 from dgl_scalegnn.errors import BAD_INPUT_EXIT_CODE
 from dgl_scalegnn.train.metrics import read_metrics
