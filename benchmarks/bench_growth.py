@@ -197,8 +197,8 @@ def predict(graph: Graph, grid: str, batch_size: int) -> dict[str, float]:
     """The cost model's step seconds, evaluation seconds and bytes of rank 0 for a run of
     ``graph`` on ``grid`` at ``batch_size`` (CPU ranks like this machine's)."""
     from dgl_scalegnn.core.grid_shape import GridShape
-    from dgl_scalegnn.perfmodel import eval_time, memory_bytes, step_time
     from dgl_scalegnn.evaluation.memory import default_chunk_rows
+    from dgl_scalegnn.perfmodel import eval_time, memory_bytes, step_time
     from dgl_scalegnn.train.plan import machine
 
     shape = GridShape.parse(grid)
