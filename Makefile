@@ -40,7 +40,7 @@ GPU_EXPECTED ?= 1
 GPU_CHECK_REPORT ?= gpu-check.json
 GPU_CHECK_PY = $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),$(PY))
 gpu-check:
-	$(GPU_CHECK_PY) -m dgl_scalegnn.train.gpu_check --out $(GPU_CHECK_REPORT) \
+	$(GPU_CHECK_PY) -m tests.gpu.check --out $(GPU_CHECK_REPORT) \
 		$(if $(filter 0,$(GPU_EXPECTED)),--no-gpu-expected)
 
 lint:

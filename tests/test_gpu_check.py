@@ -27,7 +27,7 @@ import tomllib
 import torch
 
 import yaml
-from dgl_scalegnn.train import gpu_check
+from tests.gpu import check as gpu_check
 from tests.helpers import ROOT
 
 #: The large run's preset shrunk for the CPU (its generator settings kept).
@@ -85,7 +85,7 @@ def test_without_a_gpu_it_refuses_loudly(tmp_path):
 def test_no_gpu_expected_writes_a_skipped_report(tmp_path):
     result, report = _make_gpu_check(tmp_path, "GPU_EXPECTED=0", env={"PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith(f"{sys.executable} -m dgl_scalegnn.train.gpu_check")
+    assert result.stdout.startswith(f"{sys.executable} -m tests.gpu.check")
     assert report["status"] == "skipped" and report["gpu_expected"] is False
     assert report["environment"]["torch"]["value"] == torch.__version__
     _same_fields(report, _documented_report())
@@ -172,11 +172,15 @@ def _broken_dgl_path(tmp_path) -> str:
 
 def test_a_report_is_written_when_dgl_does_not_import(tmp_path):
     report_path = tmp_path / "report.json"
-    argv = [sys.executable, "-m", "dgl_scalegnn.train.gpu_check", "--no-gpu-expected"]
+    argv = [sys.executable, "-m", "tests.gpu.check", "--no-gpu-expected"]
     result = subprocess.run(
         [*argv, "--out", str(report_path)],
         cwd=tmp_path,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": _broken_dgl_path(tmp_path)},
+        env={
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONPATH": os.pathsep.join((_broken_dgl_path(tmp_path), str(ROOT))),
+        },
         capture_output=True,
         text=True,
         timeout=120,
@@ -197,17 +201,18 @@ def test_a_report_is_written_when_dgl_does_not_import(tmp_path):
 def _documented_import_check() -> list[str]:
     """The command docs/gpu-check.md gives to check the imports, run by this interpreter."""
     text = (ROOT / "docs" / "gpu-check.md").read_text()
-    (command,) = re.findall(r'^\.venv/bin/python -c "(.*gpu_check.*)"$', text, re.M)
+    (command,) = re.findall(r'^\.venv/bin/python -c "(.*tests\.gpu\.check.*)"$', text, re.M)
     return [sys.executable, "-c", command]
 
 
 def test_the_documented_import_check_imports_dgl(tmp_path):
     """It names what is missing where DGL's import fails, and passes where it works."""
     env = {**os.environ, "PYTHONPATH": _broken_dgl_path(tmp_path)}
-    check = _documented_import_check()
-    broken = subprocess.run(check, env=env, capture_output=True, text=True, timeout=120)
+    check = _documented_import_check()  # run from the repository's root, as documented
+    run = {"cwd": ROOT, "capture_output": True, "text": True, "timeout": 120}
+    broken = subprocess.run(check, env=env, **run)
     assert broken.returncode != 0 and "No module named 'scipy'" in broken.stderr
-    fine = subprocess.run(check, capture_output=True, text=True, timeout=120)
+    fine = subprocess.run(check, **run)
     assert fine.returncode == 0, fine.stderr
     assert "dgl 2.1.0" in fine.stdout
 

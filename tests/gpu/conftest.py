@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from dgl_scalegnn.train.gpu_check import gpu_problem
+from tests.gpu.check import gpu_problem
 
 _ASKED = os.environ.get("SCALEGNN_TEST_GPU") == "1"
 if not _ASKED:

@@ -20,7 +20,7 @@ import torch
 import yaml
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.distributed.watchdog import ABORT_EXIT_CODE
-from dgl_scalegnn.train import gpu_check
+from tests.gpu import check as gpu_check
 from tests.helpers import step_losses, train_through_cli
 from tests.ranks import spawn_ranks, start_ranks
 

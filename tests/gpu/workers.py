@@ -21,10 +21,10 @@ from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.data.synthetic import generate
 from dgl_scalegnn.profiling import Profiler
 from dgl_scalegnn.sampling.prefetch import Prefetcher
-from dgl_scalegnn.train.gpu_check import training_syncs
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
+from tests.gpu.check import training_syncs
 
 
 def prefetch_thread_devices(profiler: Profiler, device: torch.device) -> list[list[int]]:

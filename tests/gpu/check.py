@@ -1,6 +1,6 @@
 """``make gpu-check``: one unattended check of a GPU machine, one JSON report.
 
-Run as ``python -m dgl_scalegnn.train.gpu_check --out gpu-check.json`` (the Makefile's
+Run as ``python -m tests.gpu.check --out gpu-check.json`` (the Makefile's
 ``gpu-check`` target). First it decides whether a GPU is usable (torch's CUDA build, the
 driver, the devices, their compute capability, NCCL, and one kernel actually run);
 where none is, it writes the report with the reason and exits 3, or, told that none is
@@ -753,7 +753,7 @@ def make_report(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m dgl_scalegnn.train.gpu_check",
+        prog="python -m tests.gpu.check",
         description="Check this machine's GPU path and write one JSON report (docs/gpu-check.md).",
     )
     parser.add_argument("--out", default="gpu-check.json", help="the report (JSON)")
