@@ -85,7 +85,7 @@ Dataset = Literal[
 #: How ``data.feature_norm`` scales the features (see :mod:`dgl_scalegnn.data.features`).
 FeatureNorm = Literal["none", "row", "standardize"]
 #: Every graph layer type (``model.conv``; see :mod:`dgl_scalegnn.model.convs`).
-Conv = Literal["gcn", "sage", "gin"]
+Conv = Literal["gcn", "sage", "gin", "gat"]
 #: Every vertex sampler (``sampling.method``; see :mod:`dgl_scalegnn.sampling.sampler`).
 SamplingMethod = Literal["uniform"]
 #: Local SpMM kernels that call DGL's sparse operators, which DGL's wheels provide on CPU
@@ -220,7 +220,8 @@ class ModelConfig:
     """
 
     #: The layer type: ``gcn`` (:math:`\tilde A X W`), ``sage`` (GraphSAGE-mean, :math:`X
-    #: W_{self} + (D^{-1} A X) W`) or ``gin`` (:math:`\mathrm{MLP}((1 + \epsilon) X + A X)`).
+    #: W_{self} + (D^{-1} A X) W`), ``gin`` (:math:`\mathrm{MLP}((1 + \epsilon) X + A X)`)
+    #: or ``gat`` (:math:`\sum_u \alpha_{uv} x_u W`, DGL's ``GATConv``).
     conv: Conv = "gcn"
     #: Hidden width.
     hidden: Annotated[int, _at_least(1)] = 128
@@ -254,6 +255,33 @@ class ModelConfig:
     gin_eps: float = 0.0
     #: Learn GIN's :math:`\epsilon` (``conv: gin`` only).
     gin_learn_eps: bool = False
+    #: How GIN's neighbour sum is estimated under uniform vertex sampling (``conv: gin``
+    #: only): ``degree_mean``, each vertex's full degree times the mean over its sampled
+    #: neighbours (biased, of low variance), or ``unbiased``, the sampled neighbours' sum
+    #: divided by :math:`p` (of variance growing as :math:`1/p`). Both are the exact sum
+    #: where every neighbour is in the batch (evaluation, a full batch).
+    gin_sum: Literal["degree_mean", "unbiased"] = "degree_mean"
+    #: GAT's attention heads in each hidden layer, their outputs side by side: ``hidden``
+    #: columns are ``gat_heads`` heads of ``hidden / gat_heads`` (``conv: gat`` only).
+    gat_heads: Annotated[int, _at_least(1)] = 8
+    #: GAT's heads in the layer that outputs the classes (``head: false``), averaged as
+    #: in DGL's GAT example (``conv: gat`` only).
+    gat_out_heads: Annotated[int, _at_least(1)] = 1
+    #: The slope of GAT's LeakyReLU on the attention logits, 0 or more (``conv: gat``
+    #: only).
+    gat_negative_slope: Annotated[float, _at_least(0)] = 0.2
+    #: Dropout on GAT's attention coefficients while training, in [0, 1), hashed by
+    #: edge and head (``conv: gat`` only); ``dropout`` is the features'.
+    gat_attn_dropout: Annotated[float, _RATE] = 0.0
+    #: DGL's ``GATConv`` residual, added before the layer's activation in every layer:
+    #: the input itself where its width is the heads' columns, else its product with a
+    #: learnt ``residual_weight`` (``conv: gat`` only; ``residual`` is the tail's, after
+    #: it).
+    gat_residual: bool = False
+
+
+#: The settings only GAT reads (``model.conv: gat``).
+_GAT_KEYS = ("gat_heads", "gat_out_heads", "gat_negative_slope", "gat_attn_dropout", "gat_residual")
 
 
 #: DGL's GCN recipe, Kipf & Welling's GCN as DGL's ``GraphConv`` stack (two layers with
@@ -497,6 +525,35 @@ def switch_on(setting: bool | str, device: str) -> bool:
     return setting is True or (setting == "auto" and device == "cuda")
 
 
+def _check_gat(model: ModelConfig) -> None:
+    """Refuse GAT's settings on another layer type, by name, and heads that do not
+    divide GAT's hidden width or that no layer reads."""
+    gat_keys = [
+        f"model.{key}" for key in _GAT_KEYS if getattr(model, key) != getattr(ModelConfig, key)
+    ]
+    if model.conv != "gat":
+        if gat_keys:
+            them = "them" if len(gat_keys) > 1 else "it"
+            raise ConfigError(
+                f"{' / '.join(gat_keys)} set with model.conv: {model.conv}, but only GAT "
+                f"(model.conv: gat) reads {them}: remove {them} or choose gat"
+            )
+        return
+    hidden_layers = model.layers - (0 if model.head else 1)
+    if hidden_layers > 0 and model.hidden % model.gat_heads:
+        raise ConfigError(
+            f"model.hidden: {model.hidden} columns do not split into model.gat_heads: "
+            f"{model.gat_heads} heads; give a hidden width that divides by the heads "
+            f"(e.g. {model.gat_heads * max(1, model.hidden // model.gat_heads)})"
+        )
+    if model.head and "model.gat_out_heads" in gat_keys:
+        raise ConfigError(
+            f"model.gat_out_heads: {model.gat_out_heads} heads of the layer that outputs "
+            "the classes, but with model.head: true the head outputs them; remove "
+            "gat_out_heads or set model.head: false"
+        )
+
+
 def check_config(cfg: Config) -> None:
     """Refuse values that contradict each other, with a :class:`ConfigError` naming the
     keys: every rule between two keys is here (each value alone is checked against its
@@ -528,11 +585,18 @@ def check_config(cfg: Config) -> None:
             "model.final_norm: true normalises the head's input, but model.head: false; "
             "turn the head on or final_norm off"
         )
-    if model.conv != "gin" and (model.gin_eps != 0 or model.gin_learn_eps):
+    gin_keys = [
+        f"model.{key}"
+        for key in ("gin_eps", "gin_learn_eps", "gin_sum")
+        if getattr(model, key) != getattr(ModelConfig, key)
+    ]
+    if model.conv != "gin" and gin_keys:
+        them = "them" if len(gin_keys) > 1 else "it"
         raise ConfigError(
-            f"model.gin_eps / model.gin_learn_eps set with model.conv: {model.conv}; they "
-            "are GIN's (model.conv: gin): remove them or choose gin"
+            f"{' / '.join(gin_keys)} set with model.conv: {model.conv}, but only GIN "
+            f"(model.conv: gin) reads {them}: remove {them} or choose gin"
         )
+    _check_gat(model)
     if cfg.train.target_acc is not None and not cfg.train.evaluate:
         raise ConfigError(
             f"train.target_acc: {cfg.train.target_acc} is checked at evaluations, but "

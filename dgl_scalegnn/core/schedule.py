@@ -41,12 +41,15 @@ class ParamShard:
 
     The parameter is replicated along the axes it does not name (a 0-d parameter, shape
     ``()``, on every rank). ``init`` is a constant initial value (a scalar a layer learns);
-    ``None`` initialises by name (:func:`~dgl_scalegnn.model.convs.base.init_global_parameter`).
+    ``None`` initialises by name (:func:`~dgl_scalegnn.model.parameters.init_global_parameter`).
+    ``fans`` draws a vector as Glorot-uniform of a matrix of those fans (GAT's attention
+    vectors, which DGL draws as an ``(H, F)`` matrix); a vector without is ones or zeros.
     """
 
     global_shape: tuple[int, ...]
     axes: tuple[Axis, ...]
     init: float | None = None
+    fans: tuple[int, int] | None = None
 
     def local_slices(self, shape: GridShape, coords: Coords) -> tuple[slice, ...]:
         slices = []
@@ -58,29 +61,48 @@ class ParamShard:
 
 @dataclass(frozen=True)
 class LayerKind:
-    """What the schedule needs of a layer type: an SpMM followed by ``linears`` dense
-    products (each moves the layout, :class:`~dgl_scalegnn.core.layout.Layout`), and the
-    normalisation (one of :data:`NORMALISATIONS`) of the adjacency it multiplies by.
+    """What the schedule needs of a layer type: an SpMM and ``linears`` dense products
+    (each moves the layout, :class:`~dgl_scalegnn.core.layout.Layout`), all after the
+    SpMM or, with ``linear_first``, the first of them before it (GAT's
+    :math:`A (X W)`), and the normalisation (one of :data:`NORMALISATIONS`) of the
+    adjacency it multiplies by.
 
     >>> from dgl_scalegnn.core.layout import INPUT_LAYOUT
     >>> first = INPUT_LAYOUT.after_linear()
     >>> str(GCN_KIND.output_layout(first)), str(LayerKind(linears=2).output_layout(first))
     ('(z,x,y)', '(z,y,x)')
+    >>> attention = LayerKind(linear_first=True)
+    >>> str(attention.spmm_layout(first)), str(attention.plane(first)), str(GCN_KIND.plane(first))
+    ('(x,z,y)', 'YX', 'ZX')
+    >>> str(attention.output_layout(first))
+    '(y,z,x)'
     """
 
     linears: int = 1
     normalisation: str = "symmetric"
+    linear_first: bool = False
 
     def __post_init__(self) -> None:
         if self.normalisation not in NORMALISATIONS:
             raise ValueError(
                 f"normalisation {self.normalisation!r}: choose one of {', '.join(NORMALISATIONS)}"
             )
+        if self.linear_first and self.linears < 1:
+            raise ValueError("linear_first needs a linear to put before the SpMM")
+
+    def spmm_layout(self, layout: Layout) -> Layout:
+        """The layout the layer's SpMM reads for an input in ``layout``: the input's, or
+        with ``linear_first`` the first product's."""
+        return layout.after_linear() if self.linear_first else layout
+
+    def plane(self, layout: Layout) -> Plane:
+        """The adjacency plane the layer's SpMM multiplies by, for an input in ``layout``."""
+        return self.spmm_layout(layout).spmm_plane()
 
     def output_layout(self, layout: Layout) -> Layout:
         """The layout of the layer's output for an input in ``layout``."""
-        out = layout.after_spmm()
-        for _ in range(self.linears):
+        out = self.spmm_layout(layout).after_spmm()
+        for _ in range(self.linears - self.linear_first):
             out = out.after_linear()
         return out
 
@@ -102,8 +124,8 @@ def adjacency_planes(num_layers: int, kind: LayerKind = GCN_KIND) -> list[Plane]
     """The distinct adjacency planes a model of ``num_layers`` layers reads (at most 3)."""
     planes: list[Plane] = []
     for state in layer_layouts(num_layers, kind)[:num_layers]:
-        if state.spmm_plane() not in planes:
-            planes.append(state.spmm_plane())
+        if kind.plane(state) not in planes:
+            planes.append(kind.plane(state))
     return planes
 
 

@@ -12,8 +12,10 @@ matrices exist depends on the model and on the grid alone:
 - each layer's output, the last one the head's logits where there is a head;
 - on one TP rank, each layer that aggregates its input times its weights,
   :math:`\\hat A (X W)`, where :math:`W` narrows it
-  (:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.narrows_first`): that product
-  (``narrowed``) takes the input's place.
+  (:meth:`~dgl_scalegnn.model.convs.base.GraphLayer.narrows_first`), and on any grid
+  each layer of a type that multiplies first (GAT's :math:`A (X W)`, without a
+  residual): that product (``narrowed``, in the layout the product gives) takes the
+  input's place.
 
 The plan is a value (layouts and widths, no tensors): the engine makes its matrices from
 it, and the cost model (:mod:`~dgl_scalegnn.perfmodel`) prices the same matrices, so an
@@ -89,8 +91,9 @@ class BufferPlan:
         layer = conv_layer(cfg)
         widths_of = layer_widths(cfg, in_features, num_classes)
         for layout, widths in zip(layer_layouts(cfg.layers, layer.kind), widths_of):
-            narrows = layer.narrows_first(widths, shape.tp_size, fold and widths.index == 0)
-            narrowed.append(Matrix(layout, layer.narrowed_width(widths)) if narrows else None)
+            narrows = layer.narrows_first(widths, shape.tp_size, fold and widths.index == 0, cfg)
+            product = Matrix(layout.after_linear(), layer.narrowed_width(widths, cfg))
+            narrowed.append(product if narrows else None)
             outputs.append(Matrix(layer.kind.output_layout(layout), widths.width_out))
         if cfg.layers and cfg.head:  # rows stay, classes along the head's columns
             outputs[-1] = Matrix(outputs[-1].layout.after_linear(), num_classes)

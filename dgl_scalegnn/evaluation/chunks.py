@@ -233,6 +233,17 @@ class CSRRows(RowSumsByProduct):
             block.indptr, block.indices, *self._scales(), self.start, self.stop
         )
 
+    def structure(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' entries as local rows and columns (int64, sorted by row)."""
+        block = self.block
+        lo, hi = self.entries
+        cols = block.indices[lo:hi].long()
+        counts = torch.diff(block.indptr[self.start : self.stop + 1])
+        rows = torch.repeat_interleave(
+            torch.arange(self.num_rows, device=cols.device), counts, output_size=hi - lo
+        )
+        return rows, cols
+
     def _scales(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The block's scales for the native loops: ``None`` both where they are all
         ones, which the loops then skip (the sum normalisation)."""

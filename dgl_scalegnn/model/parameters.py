@@ -23,7 +23,8 @@ __all__ = ["init_global_parameter", "sharded_parameter", "optional_parameter", "
 
 def init_global_parameter(name: str, shard: ParamShard, seed: int) -> torch.Tensor:
     """The full parameter ``name``: ``shard.init`` everywhere when given, else
-    Glorot-uniform weights from ``seed``, unit gains and zero biases (``*_bias``).
+    Glorot-uniform weights from ``seed`` (vectors with ``shard.fans`` too), unit gains
+    and zero biases (``*_bias``).
 
     >>> init_global_parameter("layer0_eps", ParamShard((), (), init=0.5), seed=0).item()
     0.5
@@ -31,10 +32,11 @@ def init_global_parameter(name: str, shard: ParamShard, seed: int) -> torch.Tens
     shape = shard.global_shape
     if shard.init is not None:
         return torch.full(shape, float(shard.init))
-    if len(shape) == 1:
+    if len(shape) == 1 and shard.fans is None:
         return torch.zeros(shape) if name.endswith("_bias") else torch.ones(shape)
     generator = torch.Generator().manual_seed(mix_seed(seed, zlib.crc32(name.encode())))
-    bound = (6.0 / (shape[0] + shape[1])) ** 0.5
+    fan_in, fan_out = shape if shard.fans is None else shard.fans
+    bound = (6.0 / (fan_in + fan_out)) ** 0.5
     return (torch.rand(shape, generator=generator) * 2 - 1) * bound
 
 

@@ -106,6 +106,10 @@ class LocalSpMM(Protocol):
         """``(num_rows, 1)``: :math:`\\tilde A^{loc} \\mathbf 1`, in ``like``'s dtype and
         on its device (no gradient)."""
 
+    def structure(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(nnz,)`` local rows and columns (int64, sorted by row) of the block's
+        entries, without their values: what an attention over the edges reads."""
+
 
 class RowSumsByProduct:
     """:meth:`LocalSpMM.row_sums` as the product with a column of ones."""
@@ -125,6 +129,7 @@ def _aggregation_block(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_d
 class _DGLWeighted(RowSumsByProduct):
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
+        self._structure = block.rows, block.cols
         self._forward = _aggregation_block(block.cols, block.rows, block.num_cols, block.num_rows)
         self._backward = _aggregation_block(block.rows, block.cols, block.num_rows, block.num_cols)
         self._values = block.values
@@ -136,10 +141,14 @@ class _DGLWeighted(RowSumsByProduct):
     def matmul_t(self, grads: torch.Tensor) -> torch.Tensor:
         return dgl.ops.u_mul_e_sum(self._backward, grads, self._values.to(grads.dtype))
 
+    def structure(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._structure
+
 
 class _DGLScaled(RowSumsByProduct):
     def __init__(self, block: BlockCOO) -> None:
         self.num_rows, self.num_cols = block.num_rows, block.num_cols
+        self._structure = block.rows, block.cols
         off = torch.nonzero(~block.diagonal).squeeze(1)
         loops = torch.nonzero(block.diagonal).squeeze(1)
         rows, cols = block.rows.index_select(0, off), block.cols.index_select(0, off)
@@ -188,6 +197,9 @@ class _DGLScaled(RowSumsByProduct):
             self._loop_rows,
             self._loop_cols,
         )
+
+    def structure(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._structure
 
 
 def csr_tensor(
@@ -239,6 +251,9 @@ class _TorchCSR(RowSumsByProduct):
         if self.num_rows == 0 or self.num_cols == 0:
             return grads.new_zeros(self.num_cols, grads.shape[1])
         return self._transpose().to(grads.dtype) @ grads
+
+    def structure(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._block.rows, self._block.cols
 
 
 _KERNELS = registry(

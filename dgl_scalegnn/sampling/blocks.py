@@ -15,7 +15,8 @@ column range ``[C0, C1)``. Given the sorted sample :math:`S` shared by its group
 4. divide off-diagonal values by :math:`p`, as the sampler's
    :class:`~dgl_scalegnn.sampling.uniform.EdgeScaling` says.
 
-Everything is vectorised; no collective runs.
+The row lengths of step 2 stay with the block (:class:`SampledBlock`): how many entries
+each sampled row had before sampling. Everything is vectorised; no collective runs.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dgl_scalegnn.parallel.spmm import BlockCOO
+from dgl_scalegnn.parallel.spmm import BlockCOO, LocalSpMM
 from dgl_scalegnn.sampling.uniform import EdgeScaling
 
 __all__ = [
     "CSRBlock",
     "Candidates",
+    "SampledBlock",
     "ColumnMap",
     "compact",
     "extract_block",
@@ -167,6 +169,44 @@ class Candidates:
     def num_kept(self) -> torch.Tensor:
         """Kept entries, as a 0-d tensor on the device (read it back with the others)."""
         return self.keep().sum()
+
+    def row_lengths(self) -> torch.Tensor:
+        """``(len(S_r),)``: the entries of each sampled row in the block before sampling
+        (its neighbours in the block's column range, and its self loop where the
+        normalisation keeps one)."""
+        return torch.diff(self.ends, prepend=self.ends.new_zeros(1))
+
+
+@dataclass(frozen=True)
+class SampledBlock:
+    """A sampled block's local SpMM with its rows' :meth:`Candidates.row_lengths`: a
+    :class:`~dgl_scalegnn.parallel.spmm.LocalSpMM` (its products are ``spmm``'s) that
+    also says how many entries each row had before sampling, which an estimator
+    scaling to the whole neighbourhood reads (GIN's ``model.gin_sum: degree_mean``).
+    A block of the whole graph (an evaluation's) is a plain ``LocalSpMM``."""
+
+    spmm: LocalSpMM
+    row_lengths: torch.Tensor
+
+    @property
+    def num_rows(self) -> int:
+        return self.spmm.num_rows
+
+    @property
+    def num_cols(self) -> int:
+        return self.spmm.num_cols
+
+    def matmul(self, features: torch.Tensor) -> torch.Tensor:
+        return self.spmm.matmul(features)
+
+    def matmul_t(self, grads: torch.Tensor) -> torch.Tensor:
+        return self.spmm.matmul_t(grads)
+
+    def row_sums(self, like: torch.Tensor) -> torch.Tensor:
+        return self.spmm.row_sums(like)
+
+    def structure(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.spmm.structure()
 
 
 def gather_candidates(

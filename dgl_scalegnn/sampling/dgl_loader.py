@@ -15,7 +15,12 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.normalize import csr_row_ids, gcn_normalize, renormalize_block
 from dgl_scalegnn.sampling.uniform import UniformSampler
 
-__all__ = ["norm_graph", "UniformVertexSampler"]
+__all__ = ["norm_graph", "UniformVertexSampler", "FULL_DEGREE"]
+
+#: The ``ndata`` key of a sampled subgraph's in-degrees in the graph it was drawn from
+#: (:meth:`UniformVertexSampler.sample`): what GIN's ``model.gin_sum: degree_mean``
+#: scales the sampled neighbours' mean to.
+FULL_DEGREE = "full_degree"
 
 
 def norm_graph(
@@ -56,7 +61,8 @@ class UniformVertexSampler(dgl.dataloading.Sampler):
     Given the seed vertices of a batch (with ``dgl.dataloading.DataLoader`` over
     ``torch.arange(N)`` and ``shuffle=True`` each batch is a uniform ``B``-subset),
     returns the induced subgraph with ``edata[weight]`` divided by
-    :math:`p = (B-1)/(N-1)` off the diagonal. The graph must come from
+    :math:`p = (B-1)/(N-1)` off the diagonal, and ``ndata[FULL_DEGREE]`` the in-degrees
+    of its vertices in ``g`` (:data:`FULL_DEGREE`). The graph must come from
     :func:`norm_graph` (or carry the normalised weights under ``weight``).
 
     Parameters
@@ -87,6 +93,7 @@ class UniformVertexSampler(dgl.dataloading.Sampler):
             )
         vertices = torch.sort(torch.as_tensor(indices, dtype=torch.int64)).values
         subgraph = dgl.node_subgraph(g, vertices)
+        subgraph.ndata[FULL_DEGREE] = g.in_degrees(vertices)
         if vertices.numel() < 2:  # a lone vertex keeps only its self loop: nothing to rescale
             return subgraph
         src, dst = subgraph.edges()

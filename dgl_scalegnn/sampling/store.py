@@ -37,6 +37,7 @@ from dgl_scalegnn.sampling.batch import RankBatch
 from dgl_scalegnn.sampling.blocks import (
     ColumnMap,
     CSRBlock,
+    SampledBlock,
     compact,
     gather_candidates,
     gathered_count,
@@ -254,7 +255,9 @@ class RankStore:
         kept entry counts of all blocks together
         (:func:`~dgl_scalegnn.sampling.blocks.compact`). ``scaling`` is the sampler's
         (:meth:`~dgl_scalegnn.sampling.sampler.VertexSampler.scaling`); without it, that
-        of a uniform sample of ``sample``'s size.
+        of a uniform sample of ``sample``'s size. Each adjacency block is a
+        :class:`~dgl_scalegnn.sampling.blocks.SampledBlock`: its rows' entry counts
+        before sampling come with it.
         """
         if scaling is None:
             scaling = UniformSampler(self.num_nodes, int(sample.numel())).scaling()
@@ -279,7 +282,9 @@ class RankStore:
         }
         kept = torch.stack([c.num_kept() for c in candidates.values()]).tolist()  # the wait
         spmm = {
-            ranges: build_local_spmm(compact(c, num_kept, scaling), self.kernel)
+            ranges: SampledBlock(
+                build_local_spmm(compact(c, num_kept, scaling), self.kernel), c.row_lengths()
+            )
             for (ranges, c), num_kept in zip(candidates.items(), kept)
         }
         feature_rows = self._local(rows, INPUT_LAYOUT.rows, self.feature_rows[0])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dgl_scalegnn.config import CONVS, registry
 from dgl_scalegnn.model.convs.base import GraphLayer
+from dgl_scalegnn.model.convs.gat import GATLayer
 from dgl_scalegnn.model.convs.gcn import GCNLayer
 from dgl_scalegnn.model.convs.gin import GINLayer
 from dgl_scalegnn.model.convs.sage import SAGELayer
@@ -17,5 +18,7 @@ __all__ = ["CONV_LAYERS", "GraphLayer"]
 
 #: The layer class of each ``model.conv``.
 CONV_LAYERS: dict[str, type[GraphLayer]] = registry(
-    "model.conv", CONVS, {"gcn": GCNLayer, "sage": SAGELayer, "gin": GINLayer}
+    "model.conv",
+    CONVS,
+    {"gcn": GCNLayer, "sage": SAGELayer, "gin": GINLayer, "gat": GATLayer},
 )

@@ -176,7 +176,7 @@ class GraphLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.index, self.widths, self.layout = widths.index, widths, layout
-        self.plane: Plane = layout.spmm_plane()
+        self.plane: Plane = self.kind.plane(layout)
         self.cfg, self.runtime, self.seed, self.tail = cfg, runtime, seed, tail
         prefix = self.prefix(widths.index)
         self.params = nn.ParameterDict()  # filled in order (from a dict it would sort)
@@ -236,18 +236,22 @@ class GraphLayer(nn.Module):
     # ---- shared ---------------------------------------------------------------------
 
     @classmethod
-    def narrows_first(cls, widths: LayerWidths, tp_size: int, projected: bool) -> bool:
+    def narrows_first(
+        cls, widths: LayerWidths, tp_size: int, projected: bool, cfg: ModelConfig
+    ) -> bool:
         """Whether a layer of this type multiplies its input by ``weight`` before the
         aggregation (:meth:`narrowed_input`): on one TP rank, where every layout is the
         whole matrix and the order needs no collective, for a layer with fewer output
         than input columns, no residual, and no input projection folded into its
-        aggregation (``projected``).
+        aggregation (``projected``). A type that always multiplies first (GAT) says so
+        from ``cfg``.
 
         >>> from dgl_scalegnn.model.convs import CONV_LAYERS
         >>> narrowing = LayerWidths(1, 128, 8, outputs_classes=True, residual=False)
-        >>> [CONV_LAYERS[c].narrows_first(narrowing, 1, False) for c in ("gcn", "sage", "gin")]
+        >>> cfg = ModelConfig()
+        >>> [CONV_LAYERS[c].narrows_first(narrowing, 1, False, cfg) for c in ("gcn", "sage", "gin")]
         [True, True, False]
-        >>> CONV_LAYERS["sage"].narrows_first(narrowing, 2, False)
+        >>> CONV_LAYERS["sage"].narrows_first(narrowing, 2, False, cfg)
         False
         """
         return (
@@ -259,7 +263,7 @@ class GraphLayer(nn.Module):
         )
 
     @classmethod
-    def narrowed_width(cls, widths: LayerWidths) -> int:
+    def narrowed_width(cls, widths: LayerWidths, cfg: ModelConfig) -> int:
         """The columns of :meth:`narrowed_input`: one output's per narrowing weight."""
         return len(cls.narrowing_weights) * widths.width_out
 
@@ -272,13 +276,13 @@ class GraphLayer(nn.Module):
         chunked evaluation computes it once for all the layer's chunks."""
         widths, runtime = self.widths, self.runtime
         if x.requires_grad or not self.narrows_first(
-            widths, runtime.grid.shape.tp_size, projection is not None
+            widths, runtime.grid.shape.tp_size, projection is not None, self.cfg
         ):
             return None
         weights = [self.params[name] for name in self.narrowing_weights]
         weight = weights[0] if len(weights) == 1 else torch.cat(weights, dim=1)
         input_spec = spec.with_layout(spec.layout, widths.width_in)
-        width = self.narrowed_width(widths)
+        width = self.narrowed_width(widths, self.cfg)
         return parallel_linear(x, weight, input_spec, width, runtime)[0]
 
     def narrowed(self, inputs: LayerInput) -> Narrowed | None:
@@ -381,7 +385,8 @@ class GraphLayer(nn.Module):
             costs += sum_of_squares_cost(out, sizes)
             costs += reduce_grad_cost(out.rows, sizes.cols(cfg.hidden, out.cols))  # the gain
         if widths.residual:
-            source = layout.after_spmm() if cfg.residual_from == "aggregated" else layout
+            aggregated = cls.kind.spmm_layout(layout).after_spmm()
+            source = aggregated if cfg.residual_from == "aggregated" else layout
             costs += redistribute_cost(source, out, cfg.hidden, sizes)
         return costs
 
