@@ -1,7 +1,7 @@
 """``make bench-scale``: test accuracy against training seconds at 1M vertices.
 
 On each graph of :mod:`benchmarks.scale_presets` (the sparse one and the
-products-like one), six methods train for the same budget of training seconds
+products-like one), the methods below train for the same budget of training seconds
 (evaluation excluded), each evaluated on a log-spaced schedule of training times:
 
 ``dgl_scalegnn, 1 process`` and ``dgl_scalegnn, 1x2x2x2``
@@ -22,10 +22,13 @@ products-like one), six methods train for the same budget of training seconds
 ``DistDGL, 8 trainers``
     DGL's distributed GraphSAGE (:mod:`benchmarks.baselines.distdgl`) with GraphSAGE's
     best settings (global batch), on 8 METIS partitions.
-``dgl_scalegnn SAGE, 1 process`` and ``dgl_scalegnn GIN, 1 process``
-    dgl_scalegnn with ``model.conv: sage`` and ``gin`` (the preset's model otherwise),
-    each with its own sweep of dgl_scalegnn's settings; the SAGE row is the one to set
-    beside DGL's GraphSAGE trainer.
+``dgl_scalegnn SAGE``, ``dgl_scalegnn GIN`` and ``dgl_scalegnn GAT`` (each ``1 process``)
+    dgl_scalegnn with ``model.conv: sage``, ``gin`` and ``gat`` (the preset's model
+    otherwise; GAT where the layer type exists), each with its own sweep of
+    dgl_scalegnn's settings, each set beside DGL's trainer of the same layer.
+``DGL GIN, neighbour sampling`` and ``DGL GAT, neighbour sampling``
+    DGL's ``GINConv`` and ``GATConv`` trained as GraphSAGE is
+    (:mod:`benchmarks.baselines.neighbour_sampled`), their fan-outs swept.
 
 Every run is its own process (or processes), so that its peak resident memory
 (``max_rss_mb``, per rank) is its own. Sweeps are small and chosen on validation
@@ -42,7 +45,8 @@ and 8 evaluations (at 2.1, 3, 4.2, 6, 8.5, 12, 17 and 24 s, two per doubling: a 
 target within a factor 1.41; one per doubling from 6 s, as before, read the sparse
 graph's 1.7 s of dgl_scalegnn as 8.4 s), 6 s (ours: 6
 steps at N/10, more at smaller B) per sweep setting, four settings per peer sweep (two
-sizes, learning rates 0.01 and 0.03) and dgl_scalegnn's full-mode choice (B = N/40, no
+sizes, learning rates 0.01 and 0.03; DGL's GIN and GAT: six, fan-outs [5, 5], [10, 10]
+and [15, 10] with dropout 0 and 0.5) and dgl_scalegnn's full-mode choice (B = N/40, no
 dropout, learning rate 0.03 on the configs' cosine decay) alone (read at their end), one
 seed; the run time is in ``bench_scale.md``. Full mode (``--full``): 240 s and 14
 evaluations (two per doubling, from 2.7 s), 60 s (20 steps), larger sweeps, three seeds.
@@ -72,13 +76,24 @@ from benchmarks.common import write_results
 from benchmarks.graphs import Graph, Size, setup_graph
 from benchmarks.harness import BenchError, budget_timeout_s, parse_args, work_dir
 from benchmarks.methods import run_distdgl, run_ours, run_peer, step_schedule
+from dgl_scalegnn.model.convs import CONV_LAYERS
 
 __all__ = ["ScaleSettings", "Plan", "plan", "METHODS", "run_graph", "main"]
 
 GRID_8 = "1x2x2x2"
+#: dgl_scalegnn with another ``model.conv`` than the preset's GCN, by layer type (GAT
+#: where the layer type exists).
+LAYER_TYPES = {
+    conv: f"dgl_scalegnn {conv.upper()}, 1 process"
+    for conv in ("sage", "gin", "gat")
+    if conv in CONV_LAYERS
+}
+#: DGL's neighbour-sampled trainers of the other layer types: method, peer name.
+LAYER_PEERS = {
+    "gin": ("DGL GIN, neighbour sampling", "dgl-gin-ns"),
+    "gat": ("DGL GAT, neighbour sampling", "dgl-gat-ns"),
+}
 #: The methods of the comparison, in the order of the report.
-#: dgl_scalegnn with another ``model.conv`` than the preset's GCN, by layer type.
-LAYER_TYPES = {"sage": "dgl_scalegnn SAGE, 1 process", "gin": "dgl_scalegnn GIN, 1 process"}
 METHODS = (
     "dgl_scalegnn, 1 process",
     f"dgl_scalegnn, {GRID_8}",
@@ -87,9 +102,15 @@ METHODS = (
     "GraphSAGE",
     "DistDGL, 8 trainers",
     *LAYER_TYPES.values(),
+    *(method for method, _ in LAYER_PEERS.values()),
 )
+#: Each layer type's dgl_scalegnn row and the DGL trainer of the same layer beside it.
+SAME_LAYER = {
+    LAYER_TYPES[conv]: "GraphSAGE" if conv == "sage" else LAYER_PEERS[conv][0]
+    for conv in LAYER_TYPES
+}
 #: Process count of each method (the paper's claim compares equal counts).
-PROCESSES = dict(zip(METHODS, (1, 8, 1, 1, 1, 8, 1, 1), strict=True))
+PROCESSES = {method: 8 if method in (METHODS[1], METHODS[5]) else 1 for method in METHODS}
 #: Learning rates (Adam) that every method's sweep tries: dgl_scalegnn's shipped 1M
 #: configs train at 0.03, so no peer is held to a slower rate than ours.
 _LEARNING_RATES = (0.01, 0.03)
@@ -196,6 +217,21 @@ class Plan:
             {"budget": max(1, self.num_nodes // f), "norm_coverage": coverage, "lr": lr}
             for f in fractions
             for lr in _LEARNING_RATES
+        ]
+
+    def layer_peer_grid(self) -> list[dict[str, Any]]:
+        """DGL's neighbour-sampled GIN and GAT: fan-outs (input layer first), dropout and,
+        in full mode, batch sizes and learning rates tried."""
+        fanout_choices = ([5, 5], [10, 10], [15, 10])
+        batches, learning_rates = (
+            ((1024,), (0.01,)) if self.quick else ((1024, 4096), _LEARNING_RATES)
+        )
+        return [
+            {"batch_size": batch, "fanouts": fanouts, "lr": lr, "dropout": dropout}
+            for batch in batches
+            for fanouts in fanout_choices
+            for lr in learning_rates
+            for dropout in (0.0, 0.5)
         ]
 
     def sage_grid(self) -> list[dict[str, Any]]:
@@ -342,7 +378,10 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
     # A sweep is read at its end only (as dgl_scalegnn's): on the products-like graph one
     # layer-wise evaluation costs more than the sweep's training.
     ends = [p.sweep_budget_s]
-    for method, grid in (("graphsaint", p.saint_grid()), ("graphsage", p.sage_grid())):
+    peer_grids = {"graphsaint": p.saint_grid(), "graphsage": p.sage_grid()}
+    for _, peer in LAYER_PEERS.values():
+        peer_grids[peer] = p.layer_peer_grid()
+    for method, grid in peer_grids.items():
         sweeps[method] = [
             _sweep_row(s, run_peer(graph, method, s, 0, p.sweep_budget_s, ends, log_dir))
             for s in grid
@@ -381,6 +420,11 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
             runs[method].append(
                 run_ours_for_budget(graph, p, best["settings"], seed, 1, best["result"], log_dir)
             )
+        for method, peer in LAYER_PEERS.values():
+            settings = _best(sweeps[peer])["settings"]
+            runs[method].append(
+                run_peer(graph, peer, settings, seed, p.budget_s, p.eval_at_s, log_dir)
+            )
         for method in METHODS:
             last = runs[method][-1]
             print(
@@ -396,6 +440,7 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
         "setup_s": graph.setup_s,
         "sweeps": sweeps,
         "runs": runs,
+        "same_layer": {ours_row: peer for ours_row, peer in SAME_LAYER.items()},
     }
 
 

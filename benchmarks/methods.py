@@ -4,8 +4,9 @@
     ``scalegnn train`` on a grid (one process, or ranks through ``mpirun``) from the
     graph's ``scalegnn prepare`` directory; the engine's own figures from its metrics.
 :func:`run_peer`
-    GraphSAINT-node (``graphsaint``) or GraphSAGE with DGL's neighbour sampler
-    (``graphsage``) for a budget of training seconds, evaluated at given training times.
+    GraphSAINT-node (``graphsaint``), or GraphSAGE, GIN or GAT with DGL's neighbour
+    sampler (``graphsage``, ``dgl-gin-ns``, ``dgl-gat-ns``) for a budget of training
+    seconds, evaluated at given training times.
 :func:`run_distdgl`
     DistDGL's GraphSAGE, 8 trainers, on the graph's partitions.
 :func:`run_forward`
@@ -16,8 +17,8 @@
 
 A training run returns the result format of :mod:`benchmarks.baselines.training`: a
 ``history`` of evaluation records (``step``, ``epoch``, ``train_s``, ``val_acc``,
-``test_acc``, ``eval_s``) with ``steps``, ``step_s`` and ``max_rss_mb`` (per rank); an
-evaluation run its ``eval_s_rounds``, ``eval_s`` (the fastest), ``loaded_mb`` and
+``test_acc``, ``eval_s``, ``train_loss``) with ``steps``, ``step_s`` and ``max_rss_mb``
+(per rank); an evaluation run its ``eval_s_rounds``, ``eval_s`` (the fastest), ``loaded_mb`` and
 ``max_rss_mb``. Each child is ``python -m benchmarks.methods COMMAND SPEC.json``.
 """
 
@@ -30,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.baselines import distdgl, graphsage, graphsaint, training
+from benchmarks.baselines import distdgl, graphsage, graphsaint, neighbour_sampled, training
 from benchmarks.graphs import BATCH_FRACTION, Graph, load_saved
 from benchmarks.harness import BenchError, budget_timeout_s, mpirun, run_child, run_process
 from dgl_scalegnn.core.grid_shape import GridShape
@@ -40,7 +41,12 @@ from dgl_scalegnn.train.metrics import read_metrics
 #: its budget of seconds: never reached.
 STEP_CAP = 10**6
 _MODULE = "benchmarks.methods"  # the children's command: python -m benchmarks.methods
-_PEERS = {"graphsaint": graphsaint.PEER, "graphsage": graphsage.PEER}
+_PEERS = {
+    "graphsaint": graphsaint.PEER,
+    "graphsage": graphsage.PEER,
+    "dgl-gin-ns": neighbour_sampled.GIN_PEER,
+    "dgl-gat-ns": neighbour_sampled.GAT_PEER,
+}
 
 
 def step_schedule(max_steps: int, eval_at_steps: Sequence[int], seed: int = 0) -> dict[str, Any]:
@@ -96,6 +102,7 @@ def run_ours(
         raise
     events = read_metrics(metrics)
     batch = int(settings["sampling.batch_size"])
+    steps = [e for e in events if e["event"] == "step"]
     history = [
         {
             "step": e["step"],
@@ -104,12 +111,18 @@ def run_ours(
             "val_acc": e["val_acc"],
             "test_acc": e["test_acc"],
             "eval_s": e["eval_s"],
+            # the steps since the previous evaluation (a step event holds its 0-based
+            # index, an evaluation the steps done)
+            "train_loss": training.mean_loss(
+                s["loss"] for s in steps if previous <= s["step"] < e["step"]
+            ),
         }
-        for e in events
-        if e["event"] == "eval"
+        for previous, e in zip(
+            [0, *(e["step"] for e in events if e["event"] == "eval")],
+            [e for e in events if e["event"] == "eval"],
+        )
     ]
     summary = next(e for e in events if e["event"] == "summary")
-    steps = [e for e in events if e["event"] == "step"]
     later = steps[1:]  # the first step carries one-off warm-up (many seconds in "elementwise")
     breakdown: dict[str, float] = {}
     for event in later:
@@ -149,10 +162,10 @@ def run_peer(
     log_dir: Path,
     sampled_eval: bool = False,
 ) -> dict[str, Any]:
-    """One GraphSAINT-node (``method`` ``graphsaint``) or GraphSAGE (``graphsage``) run of
-    ``budget_s`` training seconds in its own process (:func:`peer_main`), evaluated at
-    the training times ``eval_at_s``; ``sampled_eval``: also one neighbour-sampled
-    evaluation after training, timed (``sampled_eval_s``)."""
+    """One run of peer ``method`` (a name of :func:`run_peer`'s peers) of ``budget_s``
+    training seconds in its own process (:func:`peer_main`), evaluated at the training
+    times ``eval_at_s``; ``sampled_eval``: also one neighbour-sampled evaluation after
+    training, timed (``sampled_eval_s``)."""
     tag = f"{method}-{graph.name}-s{seed}-{len(list(log_dir.glob(f'{method}-*.log')))}"
     spec = {
         "method": method,

@@ -65,10 +65,12 @@ class ScaleGNNPeer:
         )
         self.step = 0
 
-    def train_epoch(self) -> None:
+    def train_epoch(self) -> float | None:
+        losses = []
         for _ in range(self.trainer.steps_per_epoch):
-            self.trainer.train_step(self.trainer.sample(self.step))
+            losses.append(self.trainer.train_step(self.trainer.sample(self.step)))
             self.step += 1
+        return training.mean_loss(losses)
 
     def evaluate(self) -> tuple[float, float]:
         accuracy = self.trainer.evaluate()

@@ -60,9 +60,11 @@ def _method_figures(runs: Sequence[Mapping[str, Any]], targets: Mapping[str, flo
     ranks = max(len(run["max_rss_mb"]) for run in runs)
     peak = [max(run["max_rss_mb"][rank] for run in runs) for rank in range(ranks)]
     sampled = [run["sampled_eval_s"] for run in runs if "sampled_eval_s" in run]
+    losses = [run["history"][-1].get("train_loss") for run in runs]
     return {
         "test_acc": mean_std([run["test_at_best_val"] for run in runs]),
         "final_test_acc": mean_std([run["history"][-1]["test_acc"] for run in runs]),
+        "final_train_loss": _mean([loss for loss in losses if loss is not None]),
         "train_s": _mean([run["history"][-1]["train_s"] for run in runs]),
         "steps": _mean([run["history"][-1]["step"] for run in runs]),
         "step_s": _mean([run["step_s"] for run in runs]),
@@ -113,20 +115,26 @@ def analyse(report: Mapping[str, Any]) -> dict[str, Any]:
                 "ours_s": seconds[ours_8],
             },
         }
-    # dgl_scalegnn's other layer types against DGL's GraphSAGE trainer (one process each)
+    # dgl_scalegnn's other layer types against DGL's trainer of the same layer (one
+    # process each): GraphSAGE's, or the report's pairs
+    same_layer = report.get("same_layer") or {m: methods[4] for m in methods[6:]}
     layer_types = {
         method: {
-            label: {
-                "ratio": _ratio(seconds[methods[4]], seconds[method]),
-                "peer_s": seconds[methods[4]],
-                "ours_s": seconds[method],
-            }
-            for label, seconds in (
-                (label, {m: figures[m]["to_target"][label]["seconds"] for m in methods})
-                for label in targets
-            )
+            "peer": peer,
+            **{
+                label: {
+                    "ratio": _ratio(seconds[peer], seconds[method]),
+                    "peer_s": seconds[peer],
+                    "ours_s": seconds[method],
+                }
+                for label, seconds in (
+                    (label, {m: figures[m]["to_target"][label]["seconds"] for m in methods})
+                    for label in targets
+                )
+            },
         }
-        for method in methods[6:]
+        for method, peer in same_layer.items()
+        if method in runs and peer in runs
     }
     sage = figures[methods[4]]
     ours_eval = figures[ours_1]["eval_s_per_round"]
@@ -142,7 +150,7 @@ def analyse(report: Mapping[str, Any]) -> dict[str, Any]:
         "targets": targets,
         "methods": figures,
         "speedup_to_target": speedups,
-        "layer_types_vs_graphsage": layer_types,
+        "layer_types_vs_dgl": layer_types,
         "eval_speedup": evaluation,
     }
 
@@ -202,7 +210,7 @@ def markdown(payload: Mapping[str, Any]) -> str:
             + f". Set-up: {report['setup_s']}. Plot: bench_scale_{name}.png.",
             "",
         ]
-        headers = ["method", "procs", "test acc", "steps", "s/step"]
+        headers = ["method", "procs", "test acc", "train loss", "steps", "s/step"]
         for label in targets:
             headers += [f"to {label}: s (steps)"]
         headers += ["eval/round, s (first)", "peak RSS/rank, MB"]
@@ -212,6 +220,7 @@ def markdown(payload: Mapping[str, Any]) -> str:
                 method,
                 len(fig["max_rss_mb"]),
                 f"{fig['test_acc']['mean']:.4f} ± {fig['test_acc']['std']:.4f}",
+                _num(fig.get("final_train_loss"), 3),
                 _num(fig["steps"], 0),
                 _num(fig["step_s"], 3),
             ]
@@ -254,13 +263,27 @@ def markdown(payload: Mapping[str, Any]) -> str:
         ]
         lines += _table(["target", "processes", "fastest peer", "ratio"], ratio_rows)
         layer_rows = [
-            [method, label, _speedup_text({**entry, "fastest_peer": "GraphSAGE"})]
-            for method, by_target in analysis.get("layer_types_vs_graphsage", {}).items()
+            [
+                method,
+                by_target["peer"],
+                label,
+                f"{analysis['methods'][method]['test_acc']['mean']:.4f} / "
+                f"{analysis['methods'][by_target['peer']]['test_acc']['mean']:.4f}",
+                _speedup_text(entry),
+            ]
+            for method, by_target in analysis.get("layer_types_vs_dgl", {}).items()
             for label, entry in by_target.items()
+            if label != "peer"
         ]
         if layer_rows:
-            lines += ["", "Time to target, DGL's GraphSAGE / dgl_scalegnn's layer types:", ""]
-            lines += _table(["dgl_scalegnn", "target", "ratio"], layer_rows)
+            lines += [
+                "",
+                "dgl_scalegnn's layer types against DGL's trainer of the same layer: test "
+                "accuracy and time to target, DGL's / ours:",
+                "",
+            ]
+            headers = ["dgl_scalegnn", "DGL's trainer", "target", "test acc, ours / DGL's"]
+            lines += _table([*headers, "ratio"], layer_rows)
         lines += ["", "Evaluation per round, other / dgl_scalegnn:", ""]
         eval_rows = [
             [what, _ratio_text(value, PAPER_EVAL_SPEEDUP if "sampled" in what else 1.0)]

@@ -484,9 +484,17 @@ def test_distdgl_two_trainers_smoke(tmp_path) -> None:
 
 
 def _run(points: list[tuple[int, float, float]], eval_s: float, rss: list[float]) -> dict:
-    """A run whose evaluations are ``(step, train_s, test_acc)``."""
+    """A run whose evaluations are ``(step, train_s, test_acc)``, its loss 1 - test_acc."""
     history = [
-        {"step": s, "epoch": s / 10, "train_s": t, "val_acc": a, "test_acc": a, "eval_s": eval_s}
+        {
+            "step": s,
+            "epoch": s / 10,
+            "train_s": t,
+            "val_acc": a,
+            "test_acc": a,
+            "eval_s": eval_s,
+            "train_loss": 1 - a,
+        }
         for s, t, a in points
     ]
     return {
@@ -514,11 +522,21 @@ def test_scale_report_targets_and_ratios_follow_the_histories() -> None:
         dist: [_run([(100, 20.0, 0.77)], 8.0, [300.0] * 8)],
         # dgl_scalegnn with SAGE layers: 0.76 after 15 s, where DGL's GraphSAGE takes 30 s
         bench_scale.LAYER_TYPES["sage"]: [_run([(5, 15.0, 0.76), (9, 27.0, 0.78)], 2.0, [900.0])],
+        # with GIN layers: 0.77 after 6 s, where DGL's neighbour-sampled GIN takes 12 s
+        bench_scale.LAYER_TYPES["gin"]: [_run([(5, 6.0, 0.77)], 2.0, [900.0])],
+        bench_scale.LAYER_PEERS["gin"][0]: [_run([(5, 6.0, 0.7), (10, 12.0, 0.765)], 3.0, [500.0])],
     }
-    analysis = scale_report.analyse({"runs": runs})
-    layer = analysis["layer_types_vs_graphsage"][bench_scale.LAYER_TYPES["sage"]]
+    same_layer = {m: p for m, p in bench_scale.SAME_LAYER.items() if m in runs}
+    analysis = scale_report.analyse({"runs": runs, "same_layer": same_layer})
+    layer = analysis["layer_types_vs_dgl"][bench_scale.LAYER_TYPES["sage"]]
+    assert layer["peer"] == sage
     assert layer["95%"] == {"ratio": pytest.approx(2.0), "peer_s": 30.0, "ours_s": 15.0}
     assert layer["99%"]["ours_s"] is None and layer["99%"]["peer_s"] is None
+    gin = analysis["layer_types_vs_dgl"][bench_scale.LAYER_TYPES["gin"]]
+    assert gin["peer"] == bench_scale.LAYER_PEERS["gin"][0]
+    assert gin["95%"] == {"ratio": pytest.approx(2.0), "peer_s": 12.0, "ours_s": 6.0}
+    # the loss of the steps before the last evaluation
+    assert analysis["methods"][ours_1]["final_train_loss"] == pytest.approx(0.2)
     assert analysis["best_val_acc"] == pytest.approx(0.80)
     assert analysis["targets"] == pytest.approx({"95%": 0.76, "99%": 0.792})
     to_95 = analysis["methods"][ours_1]["to_target"]["95%"]
@@ -549,7 +567,11 @@ def test_scale_report_targets_and_ratios_follow_the_histories() -> None:
     assert "0.50x (slower; paper >= 1.4x)" in text and "not reached" in text
     # 99% (0.792): ours on 8 ranks after 16 s, DistDGL never
     assert "only dgl_scalegnn reached it (16.0 s)" in text
-    assert "| dgl_scalegnn SAGE, 1 process | 95% | 2.00x (meets; paper >= 1.4x) |" in text
+    assert (
+        "| dgl_scalegnn SAGE, 1 process | GraphSAGE | 95% | 0.7800 / 0.7900 | 2.00x (meets; "
+        "paper >= 1.4x) |" in text
+    )
+    assert f"| {ours_1} | 1 | 0.8000 ± 0.0000 | 0.200 | 20 |" in text
 
 
 def test_projection_uses_the_epochs_to_the_papers_target_measured_here(tmp_path) -> None:

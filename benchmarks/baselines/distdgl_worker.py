@@ -164,9 +164,10 @@ class DistGraphSAGE(training.MiniBatchBaseline):
         logits = self.model(blocks, self.features[input_nodes])
         return F.cross_entropy(logits, self.labels[output_nodes])
 
-    def train_epoch(self) -> None:
-        super().train_epoch()
+    def train_epoch(self) -> float | None:
+        loss = super().train_epoch()
         torch.distributed.barrier()
+        return loss
 
     def agree(self, seconds: float) -> float:
         """The slowest trainer's training time, so that all stop and evaluate together."""

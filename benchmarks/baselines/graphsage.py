@@ -33,6 +33,7 @@ from dgl_scalegnn.data.graph import NodeDataset
 
 __all__ = [
     "DEFAULTS",
+    "LayerStack",
     "SAGE",
     "GraphSAGEBaseline",
     "resolve_fanouts",
@@ -74,8 +75,10 @@ def resolve_fanouts(settings: Mapping[str, Any]) -> list[int]:
     return fanouts
 
 
-class SAGE(nn.Module):
-    """``layers`` mean-aggregator ``SAGEConv`` layers; ReLU and dropout between them.
+class LayerStack(nn.Module):
+    """``layers`` DGL layers, ReLU and dropout between them, each made by
+    :meth:`make_conv`: what the neighbour-sampled trainers and their layer-wise and
+    sampled inference (:func:`layerwise_inference`, :func:`sampled_inference`) read.
 
     Parameters
     ----------
@@ -94,9 +97,14 @@ class SAGE(nn.Module):
         widths = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         self.widths = tuple(widths)
         self.convs = nn.ModuleList(
-            dgl.nn.SAGEConv(a, b, "mean") for a, b in itertools.pairwise(widths)
+            self.make_conv(a, b, index == layers - 1)
+            for index, (a, b) in enumerate(itertools.pairwise(widths))
         )
         self.dropout = nn.Dropout(dropout)
+
+    def make_conv(self, width_in: int, width_out: int, last: bool) -> nn.Module:
+        """One layer from ``width_in`` to ``width_out`` columns (``last``: the classes)."""
+        raise NotImplementedError
 
     @property
     def num_layers(self) -> int:
@@ -121,8 +129,15 @@ class SAGE(nn.Module):
         return h
 
 
+class SAGE(LayerStack):
+    """``layers`` mean-aggregator ``SAGEConv`` layers; ReLU and dropout between them."""
+
+    def make_conv(self, width_in: int, width_out: int, last: bool) -> nn.Module:
+        return dgl.nn.SAGEConv(width_in, width_out, "mean")
+
+
 def layerwise_inference(
-    model: SAGE,
+    model: LayerStack,
     graph: dgl.DGLGraph,
     features: torch.Tensor,
     ids: torch.Tensor,
@@ -133,7 +148,7 @@ def layerwise_inference(
 
     Parameters
     ----------
-    model : SAGE
+    model : LayerStack
         In eval mode, under ``torch.no_grad()``.
     graph : dgl.DGLGraph
         The full graph.
@@ -167,7 +182,7 @@ def layerwise_inference(
 
 
 def sampled_inference(
-    model: SAGE,
+    model: LayerStack,
     graph: dgl.DGLGraph,
     features: torch.Tensor,
     ids: torch.Tensor,
@@ -193,7 +208,9 @@ def sampled_inference(
 
 
 class GraphSAGEBaseline(training.MiniBatchBaseline):
-    """GraphSAGE training state: graph, neighbour-sampling loader, model, Adam.
+    """GraphSAGE training state: graph, neighbour-sampling loader, model, Adam. Another
+    layer type trains by the same loop from its own :meth:`build_model` (and
+    :meth:`training_graph`).
 
     Parameters
     ----------
@@ -203,8 +220,24 @@ class GraphSAGEBaseline(training.MiniBatchBaseline):
         :data:`DEFAULTS` with any overrides.
     """
 
+    @staticmethod
+    def build_model(dataset: NodeDataset, settings: Mapping[str, Any]) -> LayerStack:
+        """The model of ``settings`` for ``dataset``'s widths."""
+        return SAGE(
+            dataset.num_features,
+            settings["hidden"],
+            dataset.num_classes,
+            settings["layers"],
+            settings["dropout"],
+        )
+
+    @staticmethod
+    def training_graph(graph: dgl.DGLGraph) -> dgl.DGLGraph:
+        """The graph the sampler and the inference read (GraphSAGE's: as given)."""
+        return graph
+
     def __init__(self, dataset: NodeDataset, settings: Mapping[str, Any]) -> None:
-        self.graph = dataset.graph
+        self.graph = self.training_graph(dataset.graph)
         self.features = self.graph.ndata["feat"]
         self.eval_fanout = int(settings["eval_fanout"])
         self.eval_batch_size = int(settings["eval_batch_size"])
@@ -216,15 +249,8 @@ class GraphSAGEBaseline(training.MiniBatchBaseline):
             shuffle=True,
             drop_last=False,
         )
-        model = SAGE(
-            dataset.num_features,
-            settings["hidden"],
-            dataset.num_classes,
-            settings["layers"],
-            settings["dropout"],
-        )
         super().__init__(
-            model,
+            self.build_model(dataset, settings),
             self.graph.ndata["label"],
             training.split_ids(self.graph, "val_mask"),
             training.split_ids(self.graph, "test_mask"),

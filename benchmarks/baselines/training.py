@@ -9,7 +9,9 @@ common result format (:meth:`Method.train` seeds, builds and runs a baseline;
 ``history``
     One record per evaluation: ``epoch`` (1-based, epochs finished), ``train_s``
     (cumulative wall time spent in ``train_epoch`` only, evaluation excluded),
-    ``val_acc``, ``test_acc`` and ``eval_s`` (wall time of that evaluation).
+    ``val_acc``, ``test_acc``, ``eval_s`` (wall time of that evaluation) and
+    ``train_loss`` (the mean training loss of the steps since the previous evaluation;
+    ``None`` where a baseline does not report its losses).
 ``best_val_acc``, ``test_at_best_val``
     The highest validation accuracy and the test accuracy of the same evaluation.
 ``time_to_target_s``
@@ -27,7 +29,7 @@ import random
 import statistics
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,6 +56,7 @@ __all__ = [
     "run_for_seconds",
     "summarise",
     "mean_std",
+    "mean_loss",
     "sweep",
     "Method",
 ]
@@ -67,14 +70,14 @@ RESULT_KEYS = (
     "eval_s_per_round",
 )
 #: Keys of each ``history`` record.
-HISTORY_KEYS = ("epoch", "train_s", "val_acc", "test_acc", "eval_s")
+HISTORY_KEYS = ("epoch", "train_s", "val_acc", "test_acc", "eval_s", "train_loss")
 
 
 class Baseline(Protocol):
     """A model with its sampler and optimiser, ready to train epoch by epoch."""
 
-    def train_epoch(self) -> None:
-        """Run one epoch of mini-batch steps."""
+    def train_epoch(self) -> float | None:
+        """Run one epoch of mini-batch steps; their mean loss, if the baseline keeps it."""
 
     def evaluate(self) -> tuple[float, float]:
         """Return ``(val_acc, test_acc)`` of the current parameters."""
@@ -209,19 +212,20 @@ class MiniBatchBaseline(ABC):
     def predict(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits of the vertices ``ids`` (rows in the order of ``ids``), in eval mode."""
 
-    def train_epoch(self) -> None:
-        for batch in self.batches():
-            self.train_step(batch)
+    def train_epoch(self) -> float | None:
+        return mean_loss([self.train_step(batch) for batch in self.batches()])
 
-    def train_step(self, batch: Any) -> None:
-        """One optimiser step on ``batch`` (nothing when its loss is ``None``)."""
+    def train_step(self, batch: Any) -> float | None:
+        """One optimiser step on ``batch`` and its loss (nothing, ``None``, when its loss
+        is ``None``)."""
         self.model.train()
         loss = self.loss(batch)
         if loss is None:
-            return
+            return None
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
+        return loss.item()
 
     def agree(self, seconds: float) -> float:
         """The training time all processes go by (one process: its own)."""
@@ -282,12 +286,17 @@ def run_epochs(
         raise ValueError(f"max_epochs ({max_epochs}) and eval_every ({eval_every}) must be >= 1")
     history: list[dict[str, Any]] = []
     train_s = 0.0
+    losses: list[float | None] = []
     for epoch in range(1, max_epochs + 1):
-        _, seconds = _timed(baseline.train_epoch)
+        loss, seconds = _timed(baseline.train_epoch)
         train_s += seconds
+        losses.append(loss)
         if epoch % eval_every and epoch != max_epochs:
             continue
-        history.append(_evaluated(baseline, epoch=epoch, train_s=train_s))
+        history.append(
+            _evaluated(baseline, epoch=epoch, train_s=train_s, train_loss=mean_loss(losses))
+        )
+        losses = []
         if stop_at_target and first_at_target(history[-1:], target_acc):
             break
     return summarise(history, target_acc)
@@ -347,6 +356,7 @@ def run_for_seconds(
     pending = sorted(eval_at_s)
     history: list[dict[str, Any]] = []
     train_s, step = 0.0, 0
+    losses: list[float | None] = []
     batches = iter(baseline.batches())
     while True:
         start = time.perf_counter()
@@ -354,7 +364,7 @@ def run_for_seconds(
         if batch is None:  # the epoch is over: a new one, timed as training
             batches = iter(baseline.batches())
             batch = next(batches)
-        baseline.train_step(batch)
+        losses.append(baseline.train_step(batch))
         train_s += time.perf_counter() - start
         step += 1
         train_s = baseline.agree(train_s)
@@ -363,9 +373,9 @@ def run_for_seconds(
             continue
         while pending and pending[0] <= train_s:
             pending.pop(0)
-        history.append(
-            _evaluated(baseline, step=step, epoch=step / steps_per_epoch, train_s=train_s)
-        )
+        record = {"step": step, "epoch": step / steps_per_epoch, "train_s": train_s}
+        history.append(_evaluated(baseline, **record, train_loss=mean_loss(losses)))
+        losses = []
         if done:
             return summarise(history, None)
 
@@ -383,6 +393,17 @@ def summarise(history: list[dict[str, Any]], target_acc: float | None) -> dict[s
         "time_to_target_s": None if reached is None else reached["train_s"],
         "eval_s_per_round": statistics.median(record["eval_s"] for record in history),
     }
+
+
+def mean_loss(losses: Iterable[float | None]) -> float | None:
+    """The mean of the losses that are known (``None``: a step that had none to learn
+    from, or a baseline that does not keep them); ``None`` if none is.
+
+    >>> mean_loss([1.0, None, 2.0]), mean_loss([None])
+    (1.5, None)
+    """
+    known = [loss for loss in losses if loss is not None]
+    return statistics.fmean(known) if known else None
 
 
 def mean_std(values: Sequence[float]) -> dict[str, float | None]:
