@@ -9,9 +9,12 @@ function each parallel operator has beside it (composed by the model's layers);
 :class:`~dgl_scalegnn.profiling.Profiler`). Batch rows split by vertex ranges, so a
 part of ``n`` vertices holds ``B n / N`` rows in expectation.
 :func:`step_time` turns payloads and flops into seconds for a :class:`Hardware`
-(ring all-reduce: :math:`2 (g-1)/g \\cdot b / \\beta + 2 (g-1) \\alpha`), and
-:func:`memory_bytes` predicts what a rank holds, the evaluation's whole-graph
-matrices included.
+(ring all-reduce: :math:`2 (g-1)/g \\cdot b / \\beta + 2 (g-1) \\alpha`, all-to-all:
+:math:`b / \\beta + (g-1) \\alpha`, with :math:`\\alpha, \\beta` of the group's
+operation and size where the hardware was measured so; a GEMM at the slower of its
+flops and its bytes), the sampler's work where it shares the rank's cores
+(:class:`SamplingCost`: CPU ranks), and :func:`memory_bytes` predicts what a rank
+holds, the evaluation's whole-graph matrices included.
 
 A full-graph evaluation runs in row chunks, each with its own collectives:
 :func:`eval_stages` lists them per chunk and stage, :func:`eval_bytes` sums them, and
@@ -65,6 +68,7 @@ from dgl_scalegnn.sampling.uniform import UniformSampler
 __all__ = [
     "Workload",
     "Hardware",
+    "SamplingCost",
     "Collective",
     "step_collectives",
     "step_bytes",
@@ -123,18 +127,37 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class SamplingCost:
+    """Seconds of a rank's sampler work on the step's path: ``vertex_s`` per vertex of
+    the group's batch (every rank draws it and gathers its feature rows) and
+    ``entry_s`` per adjacency entry its block extraction gathers (the sampled rows'
+    entries within the block's columns)."""
+
+    vertex_s: float
+    entry_s: float
+
+
+@dataclass(frozen=True)
 class Hardware:
     """Rates seen by one rank.
 
     ``bandwidth`` maps a group kind (``x``, ``y``, ``z``, ``tp``, ``dp``) to the
     bytes/s its collectives get; ``latency_s`` per message step; ``gemm_flops`` the
-    dense float32 rate; ``memory_bw`` bytes/s of sparse and element-wise kernels.
+    dense float32 rate; ``memory_bw`` bytes/s of element-wise kernels and of the
+    sparse ones unless ``spmm_bw`` gives those. ``links`` maps ``(operation, group
+    size)`` to the ``(latency_s, bytes/s)`` measured for it, which take the place of
+    the two above (:mod:`~dgl_scalegnn.train.calibrate`). ``sampling``: the sampler's
+    cost where it takes the rank's own cores (``None``: prefetched off the path, as on
+    a GPU).
     """
 
     bandwidth: dict[str, float]
     latency_s: float
     gemm_flops: float
     memory_bw: float
+    spmm_bw: float | None = None
+    links: dict[tuple[str, int], tuple[float, float]] | None = None
+    sampling: SamplingCost | None = None
 
 
 @dataclass(frozen=True)
@@ -255,23 +278,41 @@ def step_bytes(work: Workload, shape: GridShape, rank: int) -> dict[str, float]:
 
 def _collective_seconds(call: Collective, hardware: Hardware) -> float:
     bandwidth = hardware.bandwidth.get(call.kind, min(hardware.bandwidth.values()))
+    latency = hardware.latency_s
+    if hardware.links and (call.operation, call.group_size) in hardware.links:
+        latency, bandwidth = hardware.links[(call.operation, call.group_size)]
     steps = call.group_size - 1
     if call.operation == "all_to_all":
-        return call.payload / bandwidth + steps * hardware.latency_s
-    return 2 * steps / call.group_size * call.payload / bandwidth + 2 * steps * hardware.latency_s
+        return call.payload / bandwidth + steps * latency
+    return 2 * steps / call.group_size * call.payload / bandwidth + 2 * steps * latency
 
 
 def step_time(
     work: Workload, shape: GridShape, hardware: Hardware, rank: int = 0
 ) -> dict[str, float]:
-    """Seconds per component of one step of ``rank`` (sampling assumed prefetched)."""
+    """Seconds per component of one step of ``rank``; ``sampling`` where the hardware
+    puts the sampler on the step's path (:class:`SamplingCost`)."""
     me = _Rank(work, shape, shape.coords(rank))
     seconds: dict[str, float] = defaultdict(float)
     for call in step_collectives(work, shape, rank):
         seconds[_component(call)] += _collective_seconds(call, hardware)
     for component, value in _compute_seconds(me, hardware, forward_only=False).items():
         seconds[component] += value
+    if hardware.sampling is not None:
+        seconds["sampling"] = _sampling_seconds(me, hardware.sampling)
     return dict(seconds)
+
+
+def _sampling_seconds(me: _Rank, cost: SamplingCost) -> float:
+    """The sampler's seconds of one step of ``me``: the group's batch drawn, and per
+    adjacency plane the entries of the rank's sampled rows within its block's columns
+    (``nnz / N`` a row, times the share of the columns the block holds)."""
+    work = me.work
+    entries = sum(
+        me.rows(plane.rows) * work.nnz / work.num_nodes * me.rows(plane.cols, 1)
+        for plane in adjacency_planes(work.layers, work.kind)
+    )
+    return work.batch_size * cost.vertex_s + entries * cost.entry_s
 
 
 def _component(call: Collective) -> str:
@@ -299,15 +340,19 @@ def _compute_seconds(me: _Rank, hardware: Hardware, forward_only: bool) -> dict[
         gemms.append((me.rows(states[-1].rows), shards["head"], 3))
     for rows, shard, products in gemms:
         (width_in, width_out), (axis_in, axis_out) = shard.global_shape, shard.axes
-        local = me.cols(width_in, axis_in) * me.cols(width_out, axis_out)
-        flops = 2 * rows * local
-        seconds["gemm"] += (1 if forward_only else products) * flops / hardware.gemm_flops
+        cols_in, cols_out = me.cols(width_in, axis_in), me.cols(width_out, axis_out)
+        flops = 2 * rows * cols_in * cols_out
+        # each product reads two of the three matrices and writes the third
+        moved = _FLOAT * (rows * cols_in + rows * cols_out + cols_in * cols_out)
+        one = max(flops / hardware.gemm_flops, moved / hardware.memory_bw)
+        seconds["gemm"] += (1 if forward_only else products) * one
+    spmm_bw = hardware.spmm_bw or hardware.memory_bw
     for state, layer in zip(states, widths):
         plane = state.spmm_plane()
         share = me.rows(plane.rows, 1) * me.rows(plane.cols, 1)  # fraction of Ã_S entries
         entries = work.batch_nnz * share
         moved = entries * (8 + _FLOAT * me.cols(layer.width_in, state.cols))  # index+value, row
-        seconds["spmm"] += (1 if forward_only else 2) * moved / hardware.memory_bw
+        seconds["spmm"] += (1 if forward_only else 2) * moved / spmm_bw
         if not layer.outputs_classes:
             activations = me.rows(state.rep) * me.cols(hidden, state.rows) * _FLOAT
             # norm, relu, dropout, residual: about 4 passes forward, 12 with backward
