@@ -2,6 +2,7 @@
 # Launch a training job with Open MPI's mpirun (one process per rank).
 #
 #   launch/mpirun.sh NP GRID CONFIG [scalegnn train options...]
+#   launch/mpirun.sh NP GRID SCRIPT.py [script options...]   (your loop: python SCRIPT.py --grid GRID ...)
 #   launch/mpirun.sh 8 1x2x2x2 yaml/ogbn-products.yaml --set data.prepared=/data/products
 #   MPIRUN_ARGS="--hostfile hosts" launch/mpirun.sh 16 2x2x2x2 yaml/ogbn-products.yaml
 #
@@ -16,7 +17,7 @@
 # it is told to).
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,16p' "$0" >&2
+  sed -n '2,17p' "$0" >&2
   exit 2
 fi
 np=$1 grid=$2 config=$3
@@ -24,6 +25,8 @@ shift 3
 root=$(cd "$(dirname "$0")/.." && pwd)
 mpirun=${MPIRUN:-$root/.venv/bin/mpirun}
 scalegnn=${SCALEGNN:-$root/.venv/bin/scalegnn}
+run=("$scalegnn" train --config "$config")
+[[ $config == *.py ]] && run=("$root/.venv/bin/python" "$config")
 extra=()
 [ "$(id -u)" = 0 ] && extra+=(--allow-run-as-root)
 [ "$np" -gt "$(nproc)" ] && extra+=(--oversubscribe)
@@ -48,7 +51,7 @@ export OMP_NUM_THREADS=$(( t > 0 ? t : 1 )); exec "$@"'
 # mpirun in a session of its own: a terminal's Ctrl-C reaches this script alone (below).
 # shellcheck disable=SC2086
 setsid "$mpirun" -np "$np" "${extra[@]}" ${MPIRUN_ARGS:-} bash -c "$per_rank" \
-  "${OMP_NUM_THREADS:-auto}" "$scalegnn" train --config "$config" --grid "$grid" "$@" &
+  "${OMP_NUM_THREADS:-auto}" "${run[@]}" --grid "$grid" "$@" &
 ranks=$!
 # Preemption: mpirun kills its ranks 0.2 s after forwarding a SIGTERM or a SIGINT it
 # receives, too soon for a checkpoint, but forwards SIGUSR1 and SIGUSR2 untouched. So

@@ -3,6 +3,8 @@
 #
 #   sbatch --nodes=2 launch/srun.sh 1x2x2x2 yaml/ogbn-products.yaml --set data.prepared=/scratch/products
 #
+# A CONFIG ending in .py is your own training loop (dgl_scalegnn's API), run on every rank
+# as `python SCRIPT.py --grid GRID ...`, as mpirun.sh and torchrun.sh do.
 # The process count is nodes x tasks-per-node and must equal the product of the grid.
 # Prepare the dataset once (`scalegnn prepare`), on a file system every node reads.
 # Rank 0 says which device it trains on and why; add --set parallel.device=cuda to
@@ -16,7 +18,7 @@
 #SBATCH --output=scalegnn-%j.out
 set -euo pipefail
 if [ $# -lt 2 ]; then
-  sed -n '2,9p' "$0" >&2
+  sed -n '2,11p' "$0" >&2
   exit 2
 fi
 grid=$1 config=$2
@@ -47,6 +49,9 @@ export SCALEGNN_JOB_SECRET
 cpus_per_task=${SLURM_CPUS_PER_TASK:-8}
 export OMP_NUM_THREADS=$cpus_per_task
 
+run=("$root/.venv/bin/scalegnn" train --config "$config")
+[[ $config == *.py ]] && run=("$root/.venv/bin/python" "$config")  # your own loop
+
 # Usual NCCL settings; adjust the interface to the site's high-speed network.
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export NCCL_ASYNC_ERROR_HANDLING=1          # a failed rank aborts the job instead of hanging
@@ -61,4 +66,4 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 # SLURM_LOCALID itself (its rank on the node), one per rank.
 srun --ntasks-per-node="${SLURM_NTASKS_PER_NODE:-4}" --cpus-per-task="$cpus_per_task" \
   --gpu-bind=none \
-  "$root/.venv/bin/scalegnn" train --config "$config" --grid "$grid" "$@"
+  "${run[@]}" --grid "$grid" "$@"

@@ -3,6 +3,7 @@
 #
 #   launch/torchrun.sh NP GRID CONFIG [scalegnn train options...]
 #   launch/torchrun.sh 4 1x1x2x2 yaml/synthetic.yaml --metrics run.jsonl
+#   launch/torchrun.sh 4 1x1x2x2 examples/graphsage.py --graph g.bin --out runs/sage
 #
 # For several nodes, run it on each node with TORCHRUN_ARGS="--nnodes=N --node-rank=I
 # --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT" and NP = processes per node, and export
@@ -12,7 +13,7 @@
 # set them); on one node the script draws a fresh one unless it is set.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n '2,12p' "$0" >&2
+  sed -n '2,13p' "$0" >&2
   exit 2
 fi
 np=$1 grid=$2 config=$3
@@ -30,6 +31,8 @@ if [ -z "${SCALEGNN_JOB_SECRET:-}" ]; then
   SCALEGNN_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 fi
 export SCALEGNN_JOB_SECRET
+run=(-m dgl_scalegnn.cli train --config "$config")
+[[ $config == *.py ]] && run=("$config")  # your own loop: torchrun runs the script
 # shellcheck disable=SC2086
 exec "$torchrun" --nproc-per-node "$np" ${TORCHRUN_ARGS:---standalone} \
-  -m dgl_scalegnn.cli train --config "$config" --grid "$grid" "$@"
+  "${run[@]}" --grid "$grid" "$@"

@@ -82,6 +82,7 @@ __all__ = [
     "OGB_LAYOUTS",
     "OgbLayout",
     "as_labels",
+    "as_trained",
     "check_homogeneous",
     "dataset_from_graph",
     "file_identity",
@@ -330,7 +331,12 @@ def load_dataset(cfg: DataConfig) -> NodeDataset:
         raise DatasetError(
             f"data.name: unknown dataset {cfg.name!r}; known datasets are {', '.join(_LOADERS)}"
         )
-    dataset = loader(cfg)
+    return as_trained(loader(cfg), cfg)
+
+
+def as_trained(dataset: NodeDataset, cfg: DataConfig) -> NodeDataset:
+    """``dataset`` as ``cfg`` trains it: with the featureless recipe's features where
+    ``data.featureless`` asks for them, scaled by ``data.feature_norm``."""
     if cfg.featureless and cfg.name != "synthetic":  # the generator draws the recipe itself
         dataset.graph.ndata.update(
             recipe_node_data(dataset.graph, cfg.permutation_seed, with_labels=False)

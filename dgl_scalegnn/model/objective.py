@@ -39,10 +39,24 @@ class Objective:
         Grid and profiler.
     multilabel : bool
         Binary cross-entropy and micro-F1 instead of cross-entropy and accuracy.
+    class_weights : torch.Tensor or None
+        ``(C,)``: each class's weight in the loss (PyTorch's ``weight``), on every rank.
+    label_smoothing : float
+        PyTorch's ``label_smoothing`` (multi-label: targets :math:`t (1 - \\epsilon) +
+        \\epsilon / 2`).
     """
 
-    def __init__(self, runtime: Runtime, multilabel: bool = False) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        multilabel: bool = False,
+        class_weights: torch.Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing: got {label_smoothing}, expected 0 <= it < 1")
         self.runtime, self.multilabel = runtime, multilabel
+        self.class_weights, self.label_smoothing = class_weights, label_smoothing
 
     def loss(
         self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch, split: str = "train"
@@ -53,8 +67,18 @@ class Objective:
             grid = self.runtime.grid
             class_start, class_stop = spec.col_range(grid.shape, grid.coords)
             targets = batch.labels[:, class_start:class_stop]
-            return parallel_bce(logits, targets, mask, spec, self.runtime)
-        return parallel_cross_entropy(logits, batch.labels, mask, spec, self.runtime)
+            return parallel_bce(
+                logits, targets, mask, spec, self.runtime, self.class_weights, self.label_smoothing
+            )
+        return parallel_cross_entropy(
+            logits, batch.labels, mask, spec, self.runtime, self.class_weights, self.label_smoothing
+        )
+
+    def __call__(
+        self, logits: torch.Tensor, spec: ShardSpec, batch: RankBatch, split: str = "train"
+    ) -> torch.Tensor:
+        """:meth:`loss`."""
+        return self.loss(logits, spec, batch, split)
 
     @staticmethod
     def loss_cost(layout: Layout, sizes: LocalSizes, multilabel: bool) -> list[CollectiveCost]:

@@ -64,6 +64,8 @@ from dgl_scalegnn.errors import InputError
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 
 __all__ = [
+    "Checkpoints",
+    "Resumed",
     "CheckpointError",
     "Checkpoint",
     "ResumeChoice",
@@ -644,3 +646,112 @@ def load_checkpoint(
                 state[key] = full[slices[name]].to(device).contiguous()
         optimizer.state[param] = state
     return meta["progress"]
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What :meth:`Checkpoints.resume` loaded: the ``progress`` the checkpoint recorded
+    (its ``global_step`` among it), where it was (``path``), and the newer checkpoints
+    refused on the way (``refused``, with ``note``, one line saying so, or ``None``)."""
+
+    progress: dict[str, Any]
+    path: Path
+    refused: dict[str, str]
+    note: str | None
+
+
+class Checkpoints:
+    """The checkpoints of one run in ``directory``, for its model and optimizer:
+    :meth:`save` a step (collective, verified, published atomically, any grid reads it)
+    and :meth:`resume` from the newest that verifies (re-sliced for this grid).
+
+    Parameters
+    ----------
+    directory : path
+        The run's checkpoints (``output.dir/checkpoints`` for ``scalegnn train``).
+    grid : Grid4D
+        This rank's place on the grid.
+    model, optimizer :
+        What is saved and restored (every rank's shards; Adam's state too).
+    config : dict
+        The run's settings, recorded; its ``model`` and ``data`` sections are checked on
+        resume (another model or dataset is refused).
+    graph : GraphMeta or None
+        The graph trained, recorded as its fingerprint (another graph is refused).
+
+    Example
+    -------
+    >>> import tempfile
+    >>> from dgl_scalegnn.config import ModelConfig
+    >>> from dgl_scalegnn.distributed.comm import Runtime
+    >>> runtime = Runtime.single_process()
+    >>> model = ParallelScaleGNN(ModelConfig(hidden=8, layers=2), in_features=5,
+    ...                          num_classes=3, runtime=runtime, seed=0)
+    >>> optimizer = torch.optim.Adam(model.parameters())
+    >>> config = {"model": asdict(ModelConfig(hidden=8, layers=2))}
+    >>> checkpoints = Checkpoints(tempfile.mkdtemp(), runtime.grid, model, optimizer, config)
+    >>> checkpoints.resume() is None  # none yet
+    True
+    >>> checkpoints.save({"global_step": 3}).name
+    'step_00000003'
+    >>> checkpoints.resume().progress
+    {'global_step': 3}
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        grid: Grid4D,
+        model: ParallelScaleGNN,
+        optimizer: torch.optim.Optimizer,
+        config: dict[str, Any],
+        graph: GraphMeta | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.grid, self.model, self.optimizer = grid, model, optimizer
+        self.config, self.graph = config, graph
+        #: (global step, directory) of the checkpoint that holds this process's state
+        #: (saved, or resumed from, and not trained since): saving again is a no-op.
+        self.on_disk: tuple[int, Path] | None = None
+
+    def save(self, progress: dict[str, Any]) -> Path:
+        """Write the checkpoint of ``progress["global_step"]`` (collective: every rank
+        calls it) and return its directory; the one already on disk if this step is."""
+        step = progress["global_step"]
+        if self.on_disk is not None and self.on_disk[0] == step:
+            return self.on_disk[1]
+        written = save_checkpoint(
+            self.directory,
+            grid=self.grid,
+            model=self.model,
+            optimizer=self.optimizer,
+            progress=progress,
+            config=self.config,
+            graph=self.graph,
+        )
+        self.on_disk = (step, written)
+        return written
+
+    def resume(self) -> Resumed | None:
+        """Load the newest checkpoint that verifies into the model and optimizer (every
+        rank reads the same files); ``None`` where there is none yet.
+
+        Raises
+        ------
+        CheckpointError
+            A checkpoint of another model, dataset or graph.
+        """
+        choice = choose_checkpoint(self.directory)
+        if choice.checkpoint is None:
+            return None
+        progress = load_checkpoint(
+            choice.checkpoint,
+            grid=self.grid,
+            model=self.model,
+            optimizer=self.optimizer,
+            model_config=self.config.get("model", {}),
+            data_config=self.config.get("data"),
+            graph=self.graph,
+        )
+        self.on_disk = (progress["global_step"], choice.checkpoint.path)
+        return Resumed(progress, choice.checkpoint.path, choice.refused, choice.note())

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import Config, ConfigError
-from dgl_scalegnn.core.schedule import learning_rate, steps_per_epoch
+from dgl_scalegnn.core.schedule import learning_rate
 from dgl_scalegnn.data.graph import DatasetError, label_notes
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
@@ -40,15 +40,11 @@ from dgl_scalegnn.heap import TrainingHeap
 from dgl_scalegnn.model.objective import Objective
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.model.stack import layer_kind
-from dgl_scalegnn.parallel.data_parallel import average_gradients
 from dgl_scalegnn.sampling.batch import RankBatch
+from dgl_scalegnn.sampling.minibatches import MiniBatches
 from dgl_scalegnn.sampling.prefetch import Prefetcher
-from dgl_scalegnn.sampling.sampler import build_sampler
-from dgl_scalegnn.sampling.store import RankStore
 from dgl_scalegnn.train.checkpoint import (
-    choose_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
+    Checkpoints,
     set_aside_nonfinite,
 )
 from dgl_scalegnn.train.defaults import agreed_available_bytes
@@ -59,6 +55,7 @@ from dgl_scalegnn.train.preemption import (
     Request,
     SignalRequests,
 )
+from dgl_scalegnn.train.step_agreement import agree_on_step
 
 __all__ = ["Trainer", "NonFiniteError", "peak_rss_mb"]
 
@@ -159,18 +156,22 @@ class Trainer:
         self.cfg, self.runtime, self.metrics = cfg, runtime, metrics
         self.grid = runtime.grid
         self.device = torch.device(device)
-        #: ``sampling.method``'s sampler: this rank's DP group's vertices of each step.
-        self.sampler = build_sampler(cfg.sampling, meta.num_nodes, group=self.grid.coords.d)
         #: The prepared graph, memory-mapped (what a neighbourhood evaluation reads).
         self.graph = graph
-        self.store = RankStore(
+        #: This rank's batches: the sampler and its share of the graph (the store).
+        self.batches = MiniBatches(
             graph,
             self.grid,
             cfg.model.layers,
-            cfg.parallel.spmm_kernel,
-            self.device,
+            cfg.sampling.batch_size,
             kind=layer_kind(cfg.model),
+            seed=cfg.sampling.seed,
+            method=cfg.sampling.method,
+            spmm_kernel=cfg.parallel.spmm_kernel,
+            device=self.device,
+            profiler=runtime.profiler,
         )
+        self.sampler, self.store = self.batches.sampler, self.batches.store
         self.model = ParallelScaleGNN(
             cfg.model,
             in_features=meta.num_features,
@@ -191,9 +192,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
-        self.steps_per_epoch = steps_per_epoch(
-            meta.num_nodes, cfg.sampling.batch_size, self.grid.shape.dp
-        )
+        self.steps_per_epoch = self.batches.steps_per_epoch
         #: The run's planned steps (the learning-rate schedule's horizon, unless
         #: ``train.max_train_s`` sets it in seconds).
         self.total_steps = cfg.train.max_steps or cfg.train.epochs * self.steps_per_epoch
@@ -204,9 +203,11 @@ class Trainer:
         self.requests = SignalRequests()
         self._request = Request.NONE
         self.checkpoints = Path(cfg.output.dir) / "checkpoints" if cfg.output.dir else None
-        #: (global step, directory) of the checkpoint that holds this process's current
-        #: state (saved, or resumed from, and not trained since): saving again is a no-op.
-        self._on_disk: tuple[int, Path] | None = None
+        self._checkpoints = None
+        if self.checkpoints is not None:
+            self._checkpoints = Checkpoints(
+                self.checkpoints, self.grid, self.model, self.optimizer, cfg.to_dict(), meta
+            )
         if cfg.output.resume:
             self._resume()
         #: The training seconds the ranks agreed on in their last step (the slowest
@@ -215,32 +216,26 @@ class Trainer:
 
     # --------------------------------------------------------------- checkpoints
     def _resume(self) -> None:
-        choice = choose_checkpoint(self.checkpoints)  # every rank reads the same files
-        note = choice.note()
-        if note is not None:
-            self.metrics.note(note)  # the newer checkpoints refused, and why
-        if choice.checkpoint is None:
+        resumed = self._checkpoints.resume()  # every rank reads the same files
+        if resumed is None:
             self.metrics.note(
                 f"--resume: no checkpoint in {self.checkpoints} yet; starting at step 0"
             )
             return
-        saved = load_checkpoint(
-            choice.checkpoint,
-            grid=self.grid,
-            model=self.model,
-            optimizer=self.optimizer,
-            model_config=asdict(self.cfg.model),
-            data_config=asdict(self.cfg.data),
-            graph=self.graph.meta,
-        )
-        self.progress = _Progress(**saved)
-        self._on_disk = (self.progress.global_step, choice.checkpoint.path)
+        if resumed.note is not None:
+            self.metrics.note(resumed.note)  # the newer checkpoints refused, and why
+        self.progress = _Progress(**resumed.progress)
         self.metrics.write(
             "resume",
-            checkpoint=str(choice.checkpoint.path),
+            checkpoint=str(resumed.path),
             step=self.progress.global_step,
-            refused=choice.refused,
+            refused=resumed.refused,
         )
+
+    @property
+    def _on_disk(self) -> tuple[int, Path] | None:
+        """(global step, directory) of the checkpoint that holds this process's state."""
+        return None if self._checkpoints is None else self._checkpoints.on_disk
 
     def save(self) -> Path | None:
         """Write a checkpoint of the current step (collective); returns its directory.
@@ -248,21 +243,9 @@ class Trainer:
         A no-op without output.dir (returns ``None``), and when this step's state is
         already on disk: saved, or resumed from, and not trained since.
         """
-        if self.checkpoints is None:
+        if self._checkpoints is None:
             return None
-        if self._on_disk is not None and self._on_disk[0] == self.progress.global_step:
-            return self._on_disk[1]
-        written = save_checkpoint(
-            self.checkpoints,
-            grid=self.grid,
-            model=self.model,
-            optimizer=self.optimizer,
-            progress=asdict(self.progress),
-            config=self.cfg.to_dict(),
-            graph=self.graph.meta,
-        )
-        self._on_disk = (self.progress.global_step, written)
-        return written
+        return self._checkpoints.save(asdict(self.progress))
 
     # ------------------------------------------------------------------ one step
     def _batch(self, global_step: int) -> RankBatch:
@@ -273,9 +256,7 @@ class Trainer:
 
     def sample(self, global_step: int) -> RankBatch:
         """This rank's batch of ``global_step`` (no communication)."""
-        with self.runtime.profiler.region("sampling"):
-            vertices = self.sampler.draw(global_step)  # on the CPU: see RankStore.batch
-            return self.store.batch(vertices, global_step, self.sampler.scaling())
+        return self.batches[global_step]
 
     def train_step(self, batch: RankBatch, started: float | None = None) -> float:
         """Forward, backward, DP average, the ranks' agreement and one optimizer step;
@@ -295,17 +276,16 @@ class Trainer:
         logits, spec = self.model(batch)
         loss = self.objective.loss(logits, spec, batch, "train")
         loss.backward()
-        status = average_gradients(list(self.model.parameters()), loss, self.runtime)
         spent = self.progress.train_seconds
         if started is not None:
             spent += time.perf_counter() - started
-        asked = float(self.requests.take())
-        flags = torch.stack((status[1], status.new_full((), asked), status.new_full((), spent)))
-        mean_loss, nonfinite, request, self.agreed_train_s = torch.cat(
-            (status[:1], reduce_over_world(flags, dist.ReduceOp.MAX))
-        ).tolist()
-        self._request = Request(int(request))
-        if nonfinite:
+        agreed = agree_on_step(self.model, loss, self.runtime, self.requests.take(), spent)
+        mean_loss, self.agreed_train_s, self._request = (
+            agreed.loss,
+            agreed.train_seconds,
+            agreed.request,
+        )
+        if agreed.nonfinite:
             self._on_nonfinite(batch.step)
             return mean_loss
         optim = self.cfg.optim

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from dgl_scalegnn.cli import main as cli_main
-from dgl_scalegnn.train import trainer
+from dgl_scalegnn.train import checkpoint
 
 
 def main(argv: list[str], step: int, rank: int) -> int:
-    real_save = trainer.save_checkpoint
+    real_save = checkpoint.save_checkpoint
 
     def poison_then_save(directory: Any, **kwargs: Any) -> Any:
         if kwargs["progress"]["global_step"] == step and kwargs["grid"].rank == rank:
@@ -22,5 +22,5 @@ def main(argv: list[str], step: int, rank: int) -> int:
             state["exp_avg_sq"].fill_(float("inf"))
         return real_save(directory, **kwargs)
 
-    trainer.save_checkpoint = poison_then_save
+    checkpoint.save_checkpoint = poison_then_save
     return cli_main(argv)
