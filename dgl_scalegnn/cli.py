@@ -115,7 +115,12 @@ def _plan(args: argparse.Namespace) -> int:
     from dgl_scalegnn.train.plan import plan_report
 
     cfg = load_config(args.config, list(args.set or []))
-    print("\n".join(plan_report(cfg, args.gpus, args.gpu, args.top)))
+
+    def progress(line: str) -> None:
+        print(f"scalegnn plan: {line}", file=sys.stderr, flush=True)
+
+    lines = plan_report(cfg, args.gpus, args.gpu, args.top, args.calibrate, progress)
+    print("\n".join(lines))
     return 0
 
 
@@ -280,9 +285,13 @@ def _parser() -> argparse.ArgumentParser:
         "plan",
         help="rank the grid shapes of N GPUs for a config by the cost model",
         description="Rank every grid shape GdxGxxGyxGz of --gpus ranks for the config by the cost\n"
-        "model's epoch time (then evaluation time, then memory a rank), mark the ones\n"
-        "that do not fit a rank's memory, and say why the first wins.",
-        epilog="example:\n  scalegnn plan --config yaml/ogbn-products.yaml --gpus 8 --gpu a100",
+        "model's updates a second at the config's batch (sampling.batch_size, the global\n"
+        "batch: Gd groups draw a share each), then evaluation time and memory a rank;\n"
+        "mark the ones that do not fit a rank's memory, and say why the first wins.\n"
+        "--gpu cpu plans this host's ranks with its calibration for --gpus ranks where\n"
+        "one was saved (--calibrate measures one, under a minute).",
+        epilog="examples:\n  scalegnn plan --config yaml/ogbn-products.yaml --gpus 8 --gpu a100\n"
+        "  scalegnn plan --config yaml/synthetic-1m.yaml --gpus 8 --calibrate",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument("--config", help="YAML config file (defaults for anything it omits)")
@@ -296,9 +305,15 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--gpu",
         choices=("a100", "h100", "cpu"),
-        default="a100",
-        help="the machines' rates: a100 (4 a node), h100 (8 a node), cpu (nodes like this "
-        "one, a rank a core); default a100",
+        help="the machines' rates: a100 (4 a node), h100 (8 a node), cpu (this host's "
+        "calibration, else nodes like this one, a rank a core); default a100, cpu "
+        "with --calibrate",
+    )
+    plan.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure this host for --gpus ranks first (GEMM, SpMM, sampler, collectives; "
+        "under a minute) and keep it in the cache for later plans",
     )
     plan.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
     plan.add_argument("--top", type=int, default=10, help="grids to list, at least 1 (default 10)")

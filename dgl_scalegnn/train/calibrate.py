@@ -4,23 +4,24 @@ On CPUs the rates a rank sees depend on the machine and on how many ranks share 
 cores. :func:`calibrate` starts ``ranks`` local processes at once (each with the
 threads a launch gives it: the cores over the ranks, at least one), joined by gloo,
 and, where ``ranks`` is more than one, one process alone with every core; each
-measures, within about a minute in all:
+measures, within about a minute in all, every rank starting each measurement at once
+(a barrier) so that they share the cores as a step's ranks do:
 
 - float32 GEMMs of a batch's shapes, element-wise kernels and the local SpMM
-  (:func:`~dgl_scalegnn.parallel.spmm.build_local_spmm`), as work per core-second: the
-  CPU time of the process (all of its threads), not the wall clock, so that what other
-  users run beside the measurement does not count against the machine;
+  (:func:`~dgl_scalegnn.parallel.spmm.build_local_spmm`), as work per second of the
+  wall clock;
 - the sampler's work: the draw of a batch with its feature rows, and the block
-  extraction (:func:`~dgl_scalegnn.sampling.blocks.extract_block`), as core-seconds per
+  extraction (:func:`~dgl_scalegnn.sampling.blocks.extract_block`), as seconds per
   vertex and per gathered entry;
 - all-reduces and all-to-alls in groups of every size that divides ``ranks``, every
-  group at once (as a grid axis runs them): the wall-clock latency of a message step
-  (small payloads, the median) and the core-seconds a byte costs (large payloads).
+  group at once (as a grid axis runs them): the latency of a message step (small
+  payloads, the median) and the payload bytes a second (large payloads).
 
-:meth:`RankRates.hardware` turns one measurement into the
-:class:`~dgl_scalegnn.perfmodel.Hardware` a rank sees: work at the cores it gets,
-``min(threads, cores / ranks)`` (every rank busy, the kernel shares the cores out), and
-the sampler's work on the step's path (a prefetch thread takes the same cores).
+Wall-clock rates are what a step sees, oversubscription and whatever else runs on the
+machine included: calibrate on the machine as it will train (the load average before
+the measurement is kept beside it). :meth:`RankRates.hardware` turns one measurement
+into the :class:`~dgl_scalegnn.perfmodel.Hardware` a rank sees, the sampler's work on
+the step's path (a prefetch thread takes the same cores).
 
 :class:`Calibration` holds both measurements and the machine's identity (host name,
 processor, cores, torch); :func:`save_calibration` keeps it as JSON in the cache
@@ -29,12 +30,12 @@ directory (``plan/calibration.json``, one entry per rank count) and
 
 Example
 -------
->>> rates = RankRates(ranks=8, threads=1, cores=2, gemm_flops=5e10, elementwise_bw=2e10,
-...                   spmm_bw=2e9, sample_vertex_s=5e-7, sample_entry_s=1e-8,
-...                   links={"all_reduce": {2: Link(1e-3, 5e-10)}})
+>>> rates = RankRates(ranks=8, threads=1, cores=2, gemm_flops=1.25e10, elementwise_bw=5e9,
+...                   spmm_bw=5e8, sample_vertex_s=2e-6, sample_entry_s=4e-8,
+...                   links={"all_reduce": {2: Link(1e-3, 5e8)}})
 >>> hardware = rates.hardware()
->>> hardware.gemm_flops  # a quarter of a core each
-12500000000.0
+>>> hardware.gemm_flops, hardware.sampling.vertex_s
+(12500000000.0, 2e-06)
 >>> hardware.links[("all_reduce", 2)]  # latency, bytes/s
 (0.001, 500000000.0)
 """
@@ -64,10 +65,12 @@ from dgl_scalegnn.perfmodel import Hardware, SamplingCost
 
 __all__ = [
     "CALIBRATION_VERSION",
+    "MAX_CALIBRATE_RANKS",
     "Link",
     "RankRates",
     "Calibration",
     "MeasureSizes",
+    "DEFAULT_SIZES",
     "machine_identity",
     "calibrate",
     "calibration_path",
@@ -77,47 +80,47 @@ __all__ = [
 ]
 
 #: Bumped when what is measured changes: an older file is measured again.
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 #: The longest a calibration's processes may run before it is given up.
 TIMEOUT_S = 300.0
+#: The most local ranks :func:`calibrate` starts: beyond them one host is not what the
+#: job runs on.
+MAX_CALIBRATE_RANKS = 64
 _FLOAT = 4
 
 
 @dataclass(frozen=True)
 class Link:
-    """A collective among a group of ranks: ``latency_s`` of one message step (wall
-    clock) and ``core_s_per_byte``, the core-seconds one byte of payload costs."""
+    """A collective among a group of ranks: ``latency_s`` of one message step and
+    ``bandwidth``, the payload bytes a second (as the cost model counts payloads)."""
 
     latency_s: float
-    core_s_per_byte: float
+    bandwidth: float
 
 
 @dataclass(frozen=True)
 class RankRates:
     """What each of ``ranks`` processes (``threads`` threads each) measured at once on a
-    machine of ``cores`` cores: work per core-second, and the collectives ``links`` by
-    operation (``all_reduce``, ``all_to_all``) and group size."""
+    machine of ``cores`` cores, per second of the wall clock with every rank at work,
+    and the collectives ``links`` by operation (``all_reduce``, ``all_to_all``) and
+    group size."""
 
     ranks: int
     threads: int
     cores: int
-    gemm_flops: float  # float32 flops per core-second
-    elementwise_bw: float  # bytes per core-second of element-wise kernels
-    spmm_bw: float  # bytes per core-second of the SpMM, as the cost model counts them
-    sample_vertex_s: float  # core-seconds per sampled vertex (the draw, its features)
-    sample_entry_s: float  # core-seconds per adjacency entry gathered by the extraction
+    gemm_flops: float  # float32 flops a second
+    elementwise_bw: float  # bytes a second of element-wise kernels
+    spmm_bw: float  # bytes a second of the SpMM, as the cost model counts them
+    sample_vertex_s: float  # seconds per sampled vertex (the draw, its features)
+    sample_entry_s: float  # seconds per adjacency entry gathered by the extraction
     links: dict[str, dict[int, Link]] = dataclasses.field(default_factory=dict)
 
-    @property
-    def share(self) -> float:
-        """The cores a rank gets while every rank works: its threads, or its share."""
-        return min(self.threads, self.cores / self.ranks)
-
     def hardware(self) -> Hardware:
-        """The rates one rank sees (see the module docstring)."""
-        share = self.share
+        """The rates one rank sees (see the module docstring): a group kind's bandwidth
+        and the latency, where no measured link names its operation and size, are the
+        slowest measured."""
         links = {
-            (operation, size): (link.latency_s, share / link.core_s_per_byte)
+            (operation, size): (link.latency_s, link.bandwidth)
             for operation, sizes in self.links.items()
             for size, link in sizes.items()
         }
@@ -125,11 +128,11 @@ class RankRates:
         return Hardware(
             bandwidth=dict.fromkeys(("x", "y", "z", "tp", "dp"), slowest),
             latency_s=max((latency for latency, _ in links.values()), default=0.0),
-            gemm_flops=share * self.gemm_flops,
-            memory_bw=share * self.elementwise_bw,
-            spmm_bw=share * self.spmm_bw,
+            gemm_flops=self.gemm_flops,
+            memory_bw=self.elementwise_bw,
+            spmm_bw=self.spmm_bw,
             links=links,
-            sampling=SamplingCost(self.sample_vertex_s / share, self.sample_entry_s / share),
+            sampling=SamplingCost(self.sample_vertex_s, self.sample_entry_s),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -180,7 +183,7 @@ class Calibration:
             f"calibrated {self.measured_at[:10]} ({self.seconds:.0f} s, "
             f"load {self.load_average:.1f}): "
             f"{shared.ranks} ranks of {shared.threads} thread{'s' if shared.threads > 1 else ''} "
-            f"on {shared.cores} cores, {shared.gemm_flops / 1e9:.3g} GFLOP/s a core{link}"
+            f"on {shared.cores} cores, {shared.gemm_flops / 1e9:.3g} GFLOP/s a rank{link}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -250,21 +253,25 @@ class MeasureSizes:
     small_bytes: int = 1 << 10
 
 
+#: What :func:`calibrate` measures unless told: about half a minute on 2 cores.
+DEFAULT_SIZES = MeasureSizes()
+
 # ------------------------------------------------------------------ one rank's work
 
 
-def _core_seconds(work: Callable[[], object], repeats: int) -> float:
-    """Core-seconds of one call of ``work``: the process's CPU time (every thread) over
-    ``repeats`` calls, after one warm-up call."""
+def _seconds(work: Callable[[], object], repeats: int, together: Callable[[], None]) -> float:
+    """Wall-clock seconds of one call of ``work`` over ``repeats`` calls, after one
+    warm-up call, every rank starting at once (``together``: a barrier, or nothing)."""
     work()
-    start = time.process_time()
+    together()
+    start = time.perf_counter()
     for _ in range(repeats):
         work()
-    return (time.process_time() - start) / repeats
+    return (time.perf_counter() - start) / repeats
 
 
-def _gemm_flops(sizes: MeasureSizes) -> float:
-    """Flops per core-second of a layer's three products: ``H W``, ``G W^T``, ``H^T G``."""
+def _gemm_flops(sizes: MeasureSizes, together: Callable[[], None]) -> float:
+    """Flops a second of a layer's three products: ``H W``, ``G W^T``, ``H^T G``."""
     rows, width = sizes.rows, sizes.width
     h, w, g = torch.randn(rows, width), torch.randn(width, width), torch.randn(rows, width)
 
@@ -273,15 +280,15 @@ def _gemm_flops(sizes: MeasureSizes) -> float:
         torch.mm(g, w.t())
         torch.mm(h.t(), g)
 
-    return 3 * 2 * rows * width * width / _core_seconds(products, sizes.repeats)
+    return 3 * 2 * rows * width * width / _seconds(products, sizes.repeats, together)
 
 
-def _elementwise_bw(sizes: MeasureSizes) -> float:
-    """Bytes per core-second of ``z = x + y`` over a batch's activations (12 bytes an
-    element), as the cost model counts element-wise passes."""
+def _elementwise_bw(sizes: MeasureSizes, together: Callable[[], None]) -> float:
+    """Bytes a second of ``z = x + y`` over a batch's activations (12 bytes an element),
+    as the cost model counts element-wise passes."""
     x, y = torch.randn(sizes.rows, sizes.width), torch.randn(sizes.rows, sizes.width)
     z = torch.empty_like(x)
-    seconds = _core_seconds(lambda: torch.add(x, y, out=z), 4 * sizes.repeats)
+    seconds = _seconds(lambda: torch.add(x, y, out=z), 4 * sizes.repeats, together)
     return 3 * x.numel() * _FLOAT / seconds
 
 
@@ -306,11 +313,11 @@ def _random_csr(rows: int, degree: int, generator: torch.Generator):
     )
 
 
-def _sampler_costs(sizes: MeasureSizes) -> tuple[float, float, float]:
-    """Core-seconds per sampled vertex (its draw and a feature row) and per gathered
-    entry (the block extraction), and the SpMM's bytes per core-second on the extracted
-    block, for batches of ``rows / 2`` vertices of a random graph 100 times larger
-    (``degree`` entries a row): the ``B = N / 100`` of the shipped configs."""
+def _sampler_costs(sizes: MeasureSizes, together: Callable[[], None]) -> tuple[float, float, float]:
+    """Seconds per sampled vertex (its draw and a feature row) and per gathered entry
+    (the block extraction), and the SpMM's bytes a second on the extracted block, for
+    batches of ``rows / 2`` vertices of a random graph 100 times larger (``degree``
+    entries a row): the ``B = N / 100`` of the shipped configs."""
     from dgl_scalegnn.parallel.spmm import build_local_spmm
     from dgl_scalegnn.sampling.blocks import ColumnMap, extract_block
     from dgl_scalegnn.sampling.uniform import inclusion_probability, sample_vertices
@@ -330,12 +337,12 @@ def _sampler_costs(sizes: MeasureSizes) -> tuple[float, float, float]:
         sample = sample_vertices(num_nodes, batch, next(steps))
         features.index_select(0, sample % features.shape[0])
 
-    vertex_s = _core_seconds(draw, sizes.repeats) / batch
-    extract = _core_seconds(lambda: extract_block(csr, sample, p, column_map), sizes.repeats)
+    vertex_s = _seconds(draw, sizes.repeats, together) / batch
+    extract = _seconds(lambda: extract_block(csr, sample, p, column_map), sizes.repeats, together)
     block = extract_block(csr, sample, p, column_map)
     spmm = build_local_spmm(block, "torch-csr")
     dense = torch.randn(batch, sizes.width)
-    spmm_s = _core_seconds(lambda: spmm.matmul(dense), 4 * sizes.repeats)
+    spmm_s = _seconds(lambda: spmm.matmul(dense), 4 * sizes.repeats, together)
     moved = block.nnz * (8 + _FLOAT * sizes.width)  # as the cost model counts them
     return vertex_s, extract / (batch * sizes.degree), moved / spmm_s
 
@@ -373,12 +380,13 @@ def _links(rank: int, world: int, sizes: MeasureSizes) -> dict[str, dict[int, Li
                 start = time.perf_counter()
                 run(small)
                 walls.append(time.perf_counter() - start)
-            dist.barrier()
-            core_s = _core_seconds(
-                lambda run=run, large=large: run(large), max(2, sizes.repeats // 4)
+            latency_s = statistics.median(walls) / steps
+            seconds = _seconds(
+                lambda run=run, large=large: run(large), max(2, sizes.repeats // 4), dist.barrier
             )
-            payload = share * large.numel() * _FLOAT
-            links[name][size] = Link(statistics.median(walls) / steps, core_s / payload)
+            # the large payload's seconds less its message steps' latency
+            moving_s = max(seconds - steps * latency_s, seconds / 2)
+            links[name][size] = Link(latency_s, share * large.numel() * _FLOAT / moving_s)
     return links
 
 
@@ -386,18 +394,28 @@ def measure_rank(rank: int, world: int, threads: int, cores: int, sizes: Measure
     """What one of ``world`` ranks measures (with the others at the same time; a
     process group joins them where ``world`` is above one)."""
     torch.set_num_threads(threads)
-    vertex_s, entry_s, spmm_bw = _sampler_costs(sizes)
+    if world > 1:
+        import torch.distributed as dist
+
+        together = dist.barrier
+    else:
+        together = _alone
+    vertex_s, entry_s, spmm_bw = _sampler_costs(sizes, together)
     return RankRates(
         ranks=world,
         threads=threads,
         cores=cores,
-        gemm_flops=_gemm_flops(sizes),
-        elementwise_bw=_elementwise_bw(sizes),
+        gemm_flops=_gemm_flops(sizes, together),
+        elementwise_bw=_elementwise_bw(sizes, together),
         spmm_bw=spmm_bw,
         sample_vertex_s=vertex_s,
         sample_entry_s=entry_s,
         links=_links(rank, world, sizes) if world > 1 else {},
     )
+
+
+def _alone() -> None:
+    """No other rank to wait for."""
 
 
 def _rank_main(
@@ -467,7 +485,7 @@ def _typical(records: list[RankRates]) -> RankRates:
         operation: {
             size: Link(
                 median(r.links[operation][size].latency_s for r in records),
-                median(r.links[operation][size].core_s_per_byte for r in records),
+                median(r.links[operation][size].bandwidth for r in records),
             )
             for size in sizes
         }
@@ -479,17 +497,27 @@ def _typical(records: list[RankRates]) -> RankRates:
     )
 
 
-def calibrate(ranks: int, sizes: MeasureSizes | None = None) -> Calibration:
-    """Measure this machine for ``ranks`` local ranks (see the module docstring).
+def calibrate(
+    ranks: int,
+    sizes: MeasureSizes | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> Calibration:
+    """Measure this machine for ``ranks`` local ranks (see the module docstring), saying
+    so to ``progress`` once the count is checked.
 
     Raises
     ------
     ConfigError
-        If ``ranks`` is below 1, or a calibration process fails.
+        If ``ranks`` is not 1 to :data:`MAX_CALIBRATE_RANKS`, or a calibration process
+        fails.
     """
-    if ranks < 1:
-        raise ConfigError(f"--gpus: got {ranks}; give the number of ranks to calibrate, at least 1")
-    sizes = sizes or MeasureSizes()
+    if not 1 <= ranks <= MAX_CALIBRATE_RANKS:
+        raise ConfigError(
+            f"--gpus: got {ranks:,}; --calibrate starts every rank on this host: give 1 to "
+            f"{MAX_CALIBRATE_RANKS}"
+        )
+    progress(f"calibrating {ranks} rank{'s' if ranks > 1 else ''} on this host (under a minute)")
+    sizes = sizes or DEFAULT_SIZES
     cores = _cores()
     load = os.getloadavg()[0]
     start = time.perf_counter()

@@ -1,14 +1,23 @@
 """Choosing a grid: every shape ``Gd x Gx x Gy x Gz`` of ``N`` ranks, by the cost model.
 
-For a config and a rank count, each grid shape of that many ranks is costed by
-:mod:`dgl_scalegnn.perfmodel` on rank 0, which holds the largest block along every
-axis (uneven splits give the first blocks the extra rows): the seconds of an epoch
-(steps per epoch times one step's collectives and kernels), of one full-graph
-evaluation, and the bytes a rank holds. Shapes that fit the memory of a rank are ranked
-by epoch time, then evaluation time, then memory; the others follow, marked, least
-memory first (where none fits, the shape nearest to fitting leads). The
-sentence under the table says why the first wins over the next slower one: the
-component of the step where the difference lies and the bytes behind it.
+What a user wants of a grid is progress in training: updates of the model a second at
+the batch they asked for. The config's ``sampling.batch_size`` ``B`` is read as the
+global batch of one update: a shape of ``Gd`` data-parallel groups draws
+``ceil(B / Gd)`` vertices in each (its ``sampling.batch_size``), so that every shape's
+step is one update of about ``B`` vertices and an epoch is about ``N / B`` steps on
+every shape. (Ranked by epoch time at ``B`` a group instead, a data-parallel shape
+wins by taking ``Gd`` batches a step: fewer updates in the same seconds, which is what
+a budget of seconds buys.)
+
+Each shape is costed by :mod:`dgl_scalegnn.perfmodel` on rank 0, which holds the
+largest block along every axis (uneven splits give the first blocks the extra rows):
+the seconds of a step (its collectives and kernels, the sampler's work where it shares
+the cores), of one full-graph evaluation, and the bytes a rank holds. Shapes that fit
+the memory of a rank are ranked by updates a second (the fastest step first), then
+evaluation time, then memory; the others follow, marked, least memory first (where
+none fits, the shape nearest to fitting leads). The sentence under the table says why
+the first wins over the next slower one: the component of the step where the
+difference lies and the bytes behind it.
 
 The graph's sizes come from ``data.prepared``, else from the prepared copy in the cache
 (:mod:`~dgl_scalegnn.data.cache`) when training already made one, else from the file
@@ -18,7 +27,8 @@ of the public datasets. Settings the config leaves to the graph
 (:mod:`~dgl_scalegnn.train.defaults`) are derived as training would, for the memory of
 one rank of the machine.
 
-Machines (one rank per GPU, or per core for ``cpu``), rates as a rank sees them:
+Machines (one rank per GPU, or per core for ``cpu``), rates as a rank sees them, from
+published figures:
 
 ``a100``
     Perlmutter-like nodes of 4 A100 40 GB: NCCL all-reduce at 150 GB/s over NVLink inside
@@ -30,7 +40,18 @@ Machines (one rank per GPU, or per core for ``cpu``), rates as a rank sees them:
 ``cpu``
     Nodes like this machine, one rank per core and its share of the total memory:
     gloo at 5 GB/s inside a node, 1.25 GB/s across (10 Gb/s Ethernet), 50 us; 50 GFLOP/s
-    and 10 GB/s a core.
+    and 10 GB/s a core. Where this machine was calibrated for the rank count
+    (:mod:`~dgl_scalegnn.train.calibrate`, ``scalegnn plan --calibrate``), its measured
+    rates take their place, for that many ranks on this host sharing its memory.
+
+Sources of the GPU figures: NVIDIA's A100 datasheet (19.5 TFLOP/s float32, 156 TF32,
+1,555 GB/s HBM2 of the 40 GB part, 600 GB/s of NVLink a GPU, both directions) and H100
+SXM datasheet (67 TFLOP/s float32, 495 TF32 without sparsity, 3.35 TB/s HBM3, 900 GB/s
+of NVLink); NERSC's Perlmutter architecture page (4 A100 a node, four Slingshot NICs of
+25 GB/s); NVIDIA's DGX H100 user guide (8 H100 a node, eight 400 Gb/s ConnectX-7). The
+NCCL all-reduce rates are about half the NVLink figure (one direction; the bus
+bandwidth ``nccl-tests`` reports on such nodes), the latencies those of small NCCL
+messages inside a node.
 
 Example
 -------
@@ -39,8 +60,8 @@ Example
 >>> work = Workload(num_nodes=20_000, nnz=220_000, batch_size=10_000, in_features=64,
 ...                 num_classes=8, model=ModelConfig(hidden=128, layers=2))
 >>> plans = rank_grids(work, 8, MACHINES["a100"], tf32=True)
->>> len(plans), str(plans[0].grid)
-(20, '8x1x1x1')
+>>> len(plans), str(plans[0].grid), plans[0].batch_size
+(20, '8x1x1x1', 1250)
 """
 
 from __future__ import annotations
@@ -49,7 +70,9 @@ import dataclasses
 import math
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dgl_scalegnn.config import Config, ConfigError, DataConfig
 from dgl_scalegnn.core.grid_shape import GridShape
@@ -66,11 +89,16 @@ from dgl_scalegnn.perfmodel import (
 )
 from dgl_scalegnn.train.defaults import GraphShape, apply_graph_defaults, memory_budget_bytes
 
+if TYPE_CHECKING:
+    from dgl_scalegnn.train.calibrate import Calibration
+
 __all__ = [
     "MAX_PLAN_RANKS",
     "Machine",
     "MACHINES",
     "machine",
+    "calibrated_machine",
+    "group_batch",
     "GridPlan",
     "grid_shapes",
     "plan_grid",
@@ -93,7 +121,8 @@ MAX_PLAN_RANKS = 2**16
 
 @dataclass(frozen=True)
 class Machine:
-    """Rates seen by one rank of ``name`` machines, ``per_node`` ranks a node."""
+    """Rates seen by one rank of ``name`` machines, ``per_node`` ranks a node, or
+    (``calibration``) the rates measured on this host for its ranks."""
 
     name: str
     per_node: int
@@ -104,12 +133,16 @@ class Machine:
     tf32_flops: float
     memory_bw: float
     rank_memory: float  # bytes
+    calibration: Calibration | None = None
 
     def hardware(self, shape: GridShape, tf32: bool) -> Hardware:
-        """The rates of ``shape``'s groups as rank 0 sees them: a group whose ranks share
-        its node gets the node's bandwidth (ranks are numbered x fastest, then y, z and d,
-        and fill nodes in order: rank 0's group of ``size`` ranks ``span`` apart ends at
-        rank ``(size - 1) * span``)."""
+        """The rates of ``shape``'s groups as rank 0 sees them: calibrated, those measured
+        for its rank count; else a group whose ranks share its node gets the node's
+        bandwidth (ranks are numbered x fastest, then y, z and d, and fill nodes in
+        order: rank 0's group of ``size`` ranks ``span`` apart ends at rank
+        ``(size - 1) * span``)."""
+        if self.calibration is not None:
+            return self.calibration.rates(shape.world_size).hardware()
         span = {"x": 1, "y": shape.x, "z": shape.x * shape.y, "tp": 1, "dp": shape.tp_size}
         size = {"x": shape.x, "y": shape.y, "z": shape.z, "tp": shape.tp_size, "dp": shape.dp}
         bandwidth = {
@@ -122,6 +155,8 @@ class Machine:
         return Hardware(bandwidth, self.latency_s, flops, self.memory_bw)
 
     def describe(self) -> str:
+        if self.calibration is not None:
+            return f"all on this host, {self.rank_memory / 1e9:.1f} GB a rank"
         inside, across = self.node_bandwidth / 1e9, self.network_bandwidth / 1e9
         return (
             f"{self.per_node} a node, {inside:g} GB/s inside a node and {across:g} GB/s across, "
@@ -147,11 +182,32 @@ def machine(name: str, ranks: int) -> Machine:
     return Machine("cpu", cores, 5e9, 1.25e9, 50e-6, 50e9, 50e9, 10e9, memory)
 
 
+def calibrated_machine(calibration: Calibration, rank_memory: float | None = None) -> Machine:
+    """This host with ``calibration``'s rates: its ranks on this host, each with its share
+    of the host's memory (or ``rank_memory`` bytes)."""
+    ranks = calibration.ranks
+    memory = memory_budget_bytes("cpu", ranks) if rank_memory is None else rank_memory
+    default = machine("cpu", ranks)
+    return dataclasses.replace(default, per_node=ranks, rank_memory=memory, calibration=calibration)
+
+
+def group_batch(batch_size: int, dp: int) -> int:
+    """The vertices each of ``dp`` data-parallel groups draws for an update of
+    ``batch_size`` (at least 2, the least batch a config takes).
+
+    >>> group_batch(10_000, 1), group_batch(10_000, 8), group_batch(10_001, 8), group_batch(6, 8)
+    (10000, 1250, 1251, 2)
+    """
+    return max(2, -(-batch_size // dp))
+
+
 @dataclass(frozen=True)
 class GridPlan:
-    """The cost model's figures for one grid shape (rank 0)."""
+    """The cost model's figures for one grid shape (rank 0): ``batch_size`` the vertices
+    each data-parallel group draws a step."""
 
     grid: GridShape
+    batch_size: int
     steps_per_epoch: int
     step_seconds: dict[str, float]  # per component of one step
     step_bytes: dict[str, float]  # per group kind of one step
@@ -164,13 +220,17 @@ class GridPlan:
         return sum(self.step_seconds.values())
 
     @property
-    def epoch_s(self) -> float:
-        return self.steps_per_epoch * self.step_s
+    def updates_per_s(self) -> float:
+        return 1.0 / self.step_s
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.grid.dp
 
     def sort_key(self) -> tuple:
         # where no shape fits, the one nearest to fitting leads: the fastest of those that
         # do not fit would be the surest to be killed for memory
-        speed = (self.epoch_s, self.eval_s) if self.fits else (self.memory, self.epoch_s)
+        speed = (self.step_s, self.eval_s) if self.fits else (self.memory, self.step_s)
         return (not self.fits, *speed, self.memory, str(self.grid))
 
 
@@ -209,13 +269,18 @@ def _eval_chunk_rows(work: Workload, shape: GridShape, spec: Machine, memory: di
 
 
 def plan_grid(work: Workload, shape: GridShape, spec: Machine, *, tf32: bool) -> GridPlan:
-    """The figures of ``shape`` on ``spec``'s machines (rank 0)."""
+    """The figures of ``shape`` on ``spec``'s machines (rank 0) for updates of
+    ``work.batch_size`` vertices: each data-parallel group draws its
+    :func:`group_batch`."""
     hardware = spec.hardware(shape, tf32)
+    batch = group_batch(work.batch_size, shape.dp)
+    work = dataclasses.replace(work, batch_size=min(batch, work.num_nodes))
     memory = memory_bytes(work, shape)
     chunk_rows = _eval_chunk_rows(work, shape, spec, memory)
     total = sum(memory.values())
     return GridPlan(
         grid=shape,
+        batch_size=work.batch_size,
         steps_per_epoch=work.steps_per_epoch(shape.dp),
         step_seconds=step_time(work, shape, hardware),
         step_bytes=step_bytes(work, shape, rank=0),
@@ -226,7 +291,8 @@ def plan_grid(work: Workload, shape: GridShape, spec: Machine, *, tf32: bool) ->
 
 
 def rank_grids(work: Workload, ranks: int, spec: Machine, *, tf32: bool) -> list[GridPlan]:
-    """Every grid shape of ``ranks`` ranks, the fitting ones first, fastest epoch first."""
+    """Every grid shape of ``ranks`` ranks, the fitting ones first, most updates a
+    second at the global batch ``work.batch_size`` first."""
     plans = [plan_grid(work, shape, spec, tf32=tf32) for shape in grid_shapes(ranks)]
     return sorted(plans, key=GridPlan.sort_key)
 
@@ -240,6 +306,7 @@ _COMPONENTS = {
     "gemm": ("dense products", ()),
     "spmm": ("sparse products", ()),
     "elementwise": ("element-wise kernels", ()),
+    "sampling": ("the sampler's work", ()),
 }
 
 
@@ -267,8 +334,14 @@ def amount(count: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _epoch_bytes(plan: GridPlan, kinds: tuple[str, ...]) -> float:
-    return plan.steps_per_epoch * sum(plan.step_bytes.get(kind, 0.0) for kind in kinds)
+def _step_bytes(plan: GridPlan, kinds: tuple[str, ...]) -> float:
+    return sum(plan.step_bytes.get(kind, 0.0) for kind in kinds)
+
+
+def _update(plan: GridPlan) -> str:
+    """What one step of ``plan`` is: an update of how many vertices, drawn how."""
+    split = f" ({plan.grid.dp} groups of {plan.batch_size:,})" if plan.grid.dp > 1 else ""
+    return f"{plan.updates_per_s:.3g} updates/s of {plan.global_batch:,} vertices{split}"
 
 
 def why_best(plans: list[GridPlan], spec: Machine) -> str:
@@ -281,29 +354,27 @@ def why_best(plans: list[GridPlan], spec: Machine) -> str:
             f"{min(p.memory for p in plans) / 1e9:.1f} GB a rank of {spec.rank_memory / 1e9:.1f}; "
             "use more ranks, a smaller batch or hidden size"
         )
-    slower = [p for p in plans[1:] if p.fits and p.epoch_s > 1.01 * best.epoch_s]
-    ties = [str(p.grid) for p in plans[1:] if p.fits and p.epoch_s <= 1.01 * best.epoch_s]
+    slower = [p for p in plans[1:] if p.fits and p.step_s > 1.01 * best.step_s]
+    ties = [str(p.grid) for p in plans[1:] if p.fits and p.step_s <= 1.01 * best.step_s]
     tied = f" (as fast: {', '.join(ties[:3])})" if ties else ""
     if not slower:
-        return f"{best.grid}: {seconds(best.epoch_s)} an epoch{tied}"
+        return f"{best.grid}: {_update(best)}{tied}"
     runner = slower[0]
-    epoch = defaultdict(float)
+    step = defaultdict(float)
     for plan, sign in ((runner, 1.0), (best, -1.0)):
         for component, value in plan.step_seconds.items():
-            epoch[component] += sign * plan.steps_per_epoch * value
-    component = max(epoch, key=epoch.get)
+            step[component] += sign * value
+    component = max(step, key=step.get)
     name, kinds = _COMPONENTS[component]
     sentence = (
-        f"{best.grid}: {seconds(best.epoch_s)} an epoch{tied}; {runner.grid} takes "
-        f"{100 * (runner.epoch_s / best.epoch_s - 1):.0f}% longer, "
-        f"{seconds(epoch[component])} more an epoch in {name}"
+        f"{best.grid}: {_update(best)}{tied}; {runner.grid} makes "
+        f"{100 * (1 - best.step_s / runner.step_s):.0f}% fewer, its step "
+        f"{seconds(step[component])} longer in {name}"
     )
-    ours, theirs = _epoch_bytes(best, kinds), _epoch_bytes(runner, kinds)
+    ours, theirs = _step_bytes(best, kinds), _step_bytes(runner, kinds)
     if kinds and theirs > 1.01 * ours:
         more = "all" if ours == 0 else f"{100 * (theirs / ours - 1):.0f}% more"
-        sentence += f" ({more} of its bytes: {amount(theirs)} an epoch)"
-    if runner.steps_per_epoch != best.steps_per_epoch:
-        sentence += f", over {runner.steps_per_epoch} steps an epoch to {best.steps_per_epoch}"
+        sentence += f" ({more} of its bytes: {amount(theirs)} a step)"
     return sentence
 
 
@@ -385,18 +456,18 @@ def workload(cfg: Config, spec: Machine) -> tuple[Workload, Config, str]:
 def _row(index: int, plan: GridPlan, spec: Machine) -> str:
     fits = "yes" if plan.fits else f"NO (over {FIT_SHARE * spec.rank_memory / 1e9:.1f} GB)"
     return (
-        f"{index:>3}  {plan.grid!s:<11} {seconds(plan.epoch_s):>9} {plan.steps_per_epoch:>7} "
-        f"{seconds(plan.step_s):>9} {amount(sum(plan.step_bytes.values())):>9} "
+        f"{index:>3}  {plan.grid!s:<11} {plan.batch_size:>9,} {seconds(plan.step_s):>9} "
+        f"{plan.updates_per_s:>9.3g} {amount(sum(plan.step_bytes.values())):>9} "
         f"{seconds(plan.eval_s):>9} {amount(plan.memory):>9}  {fits}"
     )
 
 
 def plan_lines(plans: list[GridPlan], work: Workload, spec: Machine, top: int = 10) -> list[str]:
     """The table of the first ``top`` plans (and how many more, and how many of those do
-    not fit), the reason the first wins, and what ``Gd`` changes."""
+    not fit), the reason the first wins, and how to train it."""
     shown = plans[:top]
     header = (
-        f"{'#':>3}  {'grid':<11} {'epoch':>9} {'steps':>7} {'step':>9} {'sent/step':>9} "
+        f"{'#':>3}  {'grid':<11} {'batch':>9} {'s/step':>9} {'updates/s':>9} {'sent/step':>9} "
         f"{'eval':>9} {'memory':>9}  fits"
     )
     lines = [header, *(_row(i + 1, p, spec) for i, p in enumerate(shown))]
@@ -405,36 +476,86 @@ def plan_lines(plans: list[GridPlan], work: Workload, spec: Machine, top: int = 
         unfit = sum(not p.fits for p in plans[top:])
         lines.append(f"  ... {hidden} more grids" + (f" ({unfit} do not fit)" if unfit else ""))
     lines.append(why_best(plans, spec))
-    if any(p.grid.dp > 1 for p in shown):
+    best = plans[0]
+    lines.append(
+        f"Every step is one update of a global batch of {work.batch_size:,} vertices "
+        "(sampling.batch_size): a grid of Gd groups draws 'batch' in each. Train the first "
+        f"with --grid {best.grid} --set sampling.batch_size={best.batch_size}."
+    )
+    if best.global_batch > 1.01 * work.batch_size:
         lines.append(
-            "Gd data-parallel groups each draw a batch a step: an epoch takes 1/Gd of the "
-            "steps, and each step averages the gradients of Gd batches."
-        )
-    batches = math.ceil(work.num_nodes / work.batch_size)
-    if plans[0].grid.dp > batches:
-        lines.append(
-            f"{plans[0].grid} has more data-parallel groups than the {batches} batches of an "
-            "epoch: its one step an epoch draws more vertices than the graph has."
+            f"{best.grid}'s {best.grid.dp} groups draw at least 2 vertices each: "
+            f"{best.global_batch:,} an update, more than the {work.batch_size:,} asked for."
         )
     return lines
 
 
-def plan_report(cfg: Config, ranks: int, machine_name: str, top: int = 10) -> list[str]:
-    """What ``scalegnn plan`` prints: the machine, the graph and the model, the table of
-    :func:`plan_lines` and the reason the first grid wins."""
+def _rates(spec: Machine, ranks: int, calibrate: bool, progress: Callable[[str], None]):
+    """``spec`` with this host's calibration for ``ranks`` ranks where ``spec`` is ``cpu``
+    (measured now with ``calibrate``, else the saved one, if any), and one line on the
+    rates it plans with."""
+    from dgl_scalegnn.train import calibrate as measurement
+
+    if spec.name != "cpu":
+        return spec, f"rates: published figures of the {spec.name} (no --calibrate)"
+    if calibrate:
+        calibration = measurement.calibrate(ranks, progress=progress)
+        path = measurement.save_calibration(calibration)
+        return calibrated_machine(calibration), f"rates: {calibration.describe()}; saved in {path}"
+    calibration = measurement.load_calibration(ranks)
+    if calibration is None:
+        return spec, (
+            f"rates: a core's defaults, not measured here; --calibrate measures {ranks} "
+            "ranks on this host in under a minute"
+        )
+    return calibrated_machine(calibration), (
+        f"rates: {calibration.describe()}, saved in {measurement.calibration_path()}; "
+        "--calibrate measures again"
+    )
+
+
+def plan_report(
+    cfg: Config,
+    ranks: int,
+    machine_name: str | None,
+    top: int = 10,
+    calibrate: bool = False,
+    progress: Callable[[str], None] = lambda line: None,
+) -> list[str]:
+    """What ``scalegnn plan`` prints: the machine and its rates, the graph and the model,
+    the table of :func:`plan_lines` and the reason the first grid wins.
+
+    ``machine_name`` ``None`` is ``cpu`` with ``calibrate``, else ``a100``; ``cpu`` plans
+    with this host's calibration for ``ranks`` ranks, measured now (``calibrate``; its
+    progress to ``progress``) or saved before, where one exists.
+
+    Raises
+    ------
+    ConfigError
+        If ``ranks`` or ``top`` is out of range, ``calibrate`` is asked for a GPU, or
+        the calibration fails.
+    """
     if not 1 <= ranks <= MAX_PLAN_RANKS:
         raise ConfigError(
             f"--gpus: got {ranks:,}; give the number of ranks, 1 to {MAX_PLAN_RANKS:,}"
         )
     if top < 1:
         raise ConfigError(f"--top: got {top}; give how many grids to list, at least 1")
-    spec = machine(machine_name, ranks)
+    name = machine_name or ("cpu" if calibrate else "a100")
+    if calibrate and name != "cpu":
+        raise ConfigError(
+            f"--calibrate: measures this host's CPU ranks, not {name} GPUs (their published "
+            "figures need none); drop --calibrate or give --gpu cpu"
+        )
+    spec, rates = _rates(machine(name, ranks), ranks, calibrate, progress)
     work, cfg, graph = workload(cfg, spec)
     setting = cfg.parallel.tf32
     tf32 = spec.name != "cpu" if setting == "auto" else bool(setting)
     unit = "cores" if spec.name == "cpu" else f"{spec.name} GPUs"
+    unit = "ranks" if spec.calibration is not None else unit
     return [
         f"{ranks} {unit} ({spec.describe()}){', TF32 products' if tf32 else ''}",
+        rates,
         graph,
         *plan_lines(rank_grids(work, ranks, spec, tf32=tf32), work, spec, top),
     ]
