@@ -104,6 +104,7 @@ from dgl_scalegnn.train.preemption import PREEMPTED_EXIT_CODE, Request, SignalRe
 from dgl_scalegnn.train.report import plot_runs, read_runs, run_table
 from dgl_scalegnn.train.run import Session, end_session, start_session
 from dgl_scalegnn.train.run import load_graph as _load_graph
+from dgl_scalegnn.train.run_lock import claim_run_directory
 from dgl_scalegnn.train.step_agreement import StepAgreement, agree_on_step
 
 __all__ = [
@@ -149,6 +150,17 @@ class Job:
         self.session = session
         self.requests = SignalRequests()
         self._signals = self.requests.installed()
+        self._locks: list[Any] = []
+
+    def claim(self, directory: str | os.PathLike[str]) -> None:
+        """Make ``directory`` this job's alone until it ends (collective): its lock, as
+        ``scalegnn train`` takes its ``output.dir``'s, so a second job writing there is
+        refused on every rank (:class:`~dgl_scalegnn.train.run_lock.RunDirectoryError`,
+        exit code 2) instead of interleaving checkpoints. :class:`Checkpoints` claims
+        its directory."""
+        lock = claim_run_directory(directory, self.rank)
+        if lock is not None:
+            self._locks.append(lock)
 
     @property
     def rank(self) -> int:
@@ -200,6 +212,8 @@ class Job:
         trace: TracebackType | None,
     ) -> bool:
         self._signals.__exit__(kind, error, trace)
+        for lock in self._locks:
+            lock.release()
         end_session(self.session, error)
         if isinstance(error, InputError | ResourceError):
             if (self.is_root and not stopped_the_job(error)) or isinstance(error, ResourceError):
@@ -305,10 +319,9 @@ def build_model(
                 f"(e.g. {[layers[0]] * len(layers)})"
             )
         keys.update(conv=layers[0], layers=len(layers))
-    if cfg is None:
-        cfg = config_from_mapping({"model": keys}).model
-    elif keys:
-        cfg = dataclasses.replace(cfg, **keys)
+    if cfg is not None:  # its keys, with those given by name over them (all checked)
+        keys = {**dataclasses.asdict(cfg), **keys}
+    cfg = config_from_mapping({"model": keys}).model
     meta = graph.meta
     return ParallelScaleGNN(
         cfg,
@@ -417,7 +430,8 @@ class Checkpoints(_Checkpoints):
     ``progress["global_step"]`` (collective, verified, published atomically), and
     ``resume()`` loads the newest that verifies, from any grid (``None`` where there is
     none); ``config`` records what the run is (its ``model`` section is checked on
-    resume), ``graph`` the graph it trains (another graph is refused)."""
+    resume), ``graph`` the graph it trains (another graph is refused). The directory is
+    the job's alone while it runs (:meth:`Job.claim`)."""
 
     def __init__(
         self,
@@ -428,6 +442,7 @@ class Checkpoints(_Checkpoints):
         config: dict[str, Any] | None = None,
         graph: PreparedGraph | None = None,
     ) -> None:
+        job.claim(directory)
         record = {"model": dataclasses.asdict(model.cfg), **(config or {})}
         meta = None if graph is None else graph.meta
         super().__init__(directory, job.grid, model, optimizer, record, meta)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 
 import pytest
 
@@ -171,3 +172,22 @@ def test_the_example_with_its_own_schedule_weights_and_early_stopping_trains(gra
     assert len(accuracies) - 1 - best == 2  # patience: two evaluations without progress
     assert len(losses) == 3 * len(accuracies) < 60
     assert sum(losses[-3:]) < sum(losses[:3])
+
+
+def test_a_second_job_on_the_examples_checkpoints_is_refused_in_one_line(graph_file, tmp_path):
+    """The API's checkpoints claim their directory, as ``scalegnn train`` claims its
+    ``output.dir``: another job holding it (here this process) makes the script exit 2."""
+    from dgl_scalegnn.train.run_lock import claim_run_directory
+
+    held = claim_run_directory(tmp_path / "example" / "checkpoints", rank=0)
+    try:
+        with launched([str(ROOT / ".venv" / "bin" / "python"), str(EXAMPLE), "--graph",
+                       str(graph_file), "--out", str(tmp_path / "example"),
+                       "--batch-size", "128"]) as run:  # fmt: skip
+            output, _ = run.communicate(timeout=300)
+    finally:
+        held.release()
+    assert run.returncode == 2, output[-4000:]
+    refusal = [line for line in output.splitlines() if "another job" in line or "lock" in line]
+    assert len(refusal) == 1 and str(os.getpid()) in refusal[0], output
+    assert "Traceback" not in output

@@ -74,6 +74,9 @@ def _check_launch(words: list[str], sbatch_options: list[str]) -> None:
     else:
         processes, grid, config, *options = args
     assert int(processes) == math.prod(int(g) for g in grid.split("x")), words
+    if config.endswith(".py"):  # a loop of the user's: the script's own options
+        assert (ROOT / config).is_file(), config
+        return
     if config.startswith("yaml/"):
         assert (ROOT / config).is_file(), config
     _parses(["train", "--config", config, "--grid", grid, *options])

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from dgl_scalegnn.config import ConfigError
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
@@ -54,7 +55,7 @@ class Objective:
         label_smoothing: float = 0.0,
     ) -> None:
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing: got {label_smoothing}, expected 0 <= it < 1")
+            raise ConfigError(f"label_smoothing: got {label_smoothing}, expected 0 <= it < 1")
         self.runtime, self.multilabel = runtime, multilabel
         self.class_weights, self.label_smoothing = class_weights, label_smoothing
 

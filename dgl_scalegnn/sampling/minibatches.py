@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
-from dgl_scalegnn.config import SamplingConfig
+from dgl_scalegnn.config import ConfigError, SamplingConfig
 from dgl_scalegnn.core.schedule import GCN_KIND, LayerKind, steps_per_epoch
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.grid import Grid4D
@@ -81,7 +81,7 @@ class MiniBatches:
     ) -> None:
         num_nodes = graph.meta.num_nodes
         if not 2 <= batch_size <= num_nodes:
-            raise ValueError(
+            raise ConfigError(
                 f"batch_size: got {batch_size}, but {graph.meta.name!r} has {num_nodes} "
                 f"vertices; use 2 to {num_nodes}"
             )
