@@ -10,8 +10,10 @@ process(es), in one run:
     ``yaml/products-like-1m.yaml``) at B = N/100, for a training budget that grows with
     the graph (:data:`BUDGET_PER_MILLION_S` seconds per million vertices, given as
     ``train.max_train_s``: one launch, whatever a step costs), evaluated at its end;
-    the grid the cost model prefers for 8 CPU ranks on this host (:func:`plan_grid`) is
-    run too where it is not 1x2x2x2.
+    the grid the calibrated cost model prefers for 8 ranks on this host
+    (:func:`plan_grid`: the most updates a second) is run too where it is not 1x2x2x2.
+    B is an update's: a grid of ``Gd`` data-parallel groups draws ``B / Gd`` in each,
+    as ``scalegnn plan`` tells a user to.
     At every size above the smallest, also :data:`TIMING_STEPS` steps at the fixed
     B = :data:`FIXED_BATCH` (step time at fixed B).
 ``GraphSAINT-node``
@@ -32,7 +34,8 @@ process(es), in one run:
     partitions, each trainer and server its own process.
 
 Per run: seconds per step and its breakdown (ours: GEMM, SpMM, element-wise,
-collectives, sampling, from the engine's metrics), evaluation seconds per round, peak
+collectives, sampling, from the engine's metrics) beside the cost model's, calibrated on
+this host at the start (:func:`host_calibration`), evaluation seconds per round, peak
 resident memory per rank and summed, test accuracy at the end of the budget, and per
 size the preparation's seconds and peak memory (``scalegnn prepare``; the peers'
 generation and save; DistDGL's partitioning). A run that fails (memory, time-out) is a
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import shutil
@@ -164,20 +168,32 @@ _NEEDS = {
 # ---------------------------------------------------------------- methods
 
 
-def plan_grid(graph: Graph, batch_size: int) -> str:
-    """The grid the cost model ranks first for 8 CPU ranks on ``graph``, all on this host.
+@functools.cache
+def host_calibration():
+    """This host measured for 8 ranks (:func:`~dgl_scalegnn.train.calibrate.calibrate`,
+    what ``scalegnn plan --calibrate`` runs), once a benchmark, at its start, and saved
+    for later plans: the plan grid is chosen and every run predicted with it."""
+    from dgl_scalegnn.train.calibrate import calibrate, save_calibration
 
-    ``scalegnn plan --gpu cpu`` counts a rank per core (8 ranks on 2 cores would be 4
-    such hosts, each rank with half a host's memory); here the 8 ranks share one host's
-    memory, so each gets an eighth: at 10M vertices the per-core view ranks 8x1x1x1
-    (every rank the whole graph) first, which thrashed this host.
+    calibration = calibrate(8, progress=lambda line: print(f"[bench_growth] {line}", flush=True))
+    save_calibration(calibration)
+    return calibration
+
+
+def plan_grid(graph: Graph, batch_size: int) -> str:
+    """The grid the calibrated cost model ranks first for 8 ranks on this host for
+    updates of ``batch_size`` vertices (each of its ``Gd`` groups draws ``batch_size /
+    Gd``: :func:`~dgl_scalegnn.train.plan.group_batch`).
+
+    The 8 ranks share one host's memory, so each gets an eighth of what is available
+    now: at 10M vertices a rank's share of the total ranked 8x1x1x1 (every rank the
+    whole graph) first, which thrashed this host.
     """
     from dgl_scalegnn.train.defaults import available_bytes
-    from dgl_scalegnn.train.plan import machine, rank_grids
+    from dgl_scalegnn.train.plan import calibrated_machine, rank_grids
 
-    spec = dataclasses.replace(
-        machine("cpu", 8), per_node=8, rank_memory=available_bytes("cpu", local_ranks=8)
-    )
+    memory = available_bytes("cpu", local_ranks=8)
+    spec = calibrated_machine(host_calibration(), rank_memory=memory)
     return str(rank_grids(_workload(graph, batch_size, spec), 8, spec, tf32=False)[0].grid)
 
 
@@ -194,15 +210,16 @@ def _workload(graph: Graph, batch_size: int, spec):
 
 
 def predict(graph: Graph, grid: str, batch_size: int) -> dict[str, float]:
-    """The cost model's step seconds, evaluation seconds and bytes of rank 0 for a run of
-    ``graph`` on ``grid`` at ``batch_size`` (CPU ranks like this machine's)."""
+    """The calibrated cost model's step seconds, evaluation seconds and bytes of rank 0
+    for a run of ``graph`` on ``grid`` at ``batch_size`` vertices a group (one process:
+    the calibration's process alone; 8 ranks: its ranks at once)."""
     from dgl_scalegnn.core.grid_shape import GridShape
     from dgl_scalegnn.evaluation.memory import default_chunk_rows
     from dgl_scalegnn.perfmodel import eval_time, memory_bytes, step_time
-    from dgl_scalegnn.train.plan import machine
+    from dgl_scalegnn.train.plan import calibrated_machine
 
     shape = GridShape.parse(grid)
-    spec = machine("cpu", shape.world_size)
+    spec = calibrated_machine(host_calibration())
     work = _workload(graph, batch_size, spec)
     hardware = spec.hardware(shape, tf32=False)
     rank_mb = IMPORT_MB + sum(memory_bytes(work, shape).values()) / 1e6
@@ -353,8 +370,14 @@ def measure_ours(
     cannot fit their memory), the run trains with ``train.evaluate false`` and its
     checkpoint is evaluated on one process (:func:`evaluate_checkpoint`), as a user is
     told to."""
+    from dgl_scalegnn.core.grid_shape import GridShape
+    from dgl_scalegnn.train.plan import group_batch
+
     processes = 1 if grid == "1x1x1x1" else 8
-    batch = {"sampling.batch_size": size.batch_size}
+    dp = GridShape.parse(grid).dp
+    # B and the fixed B are an update's: each data-parallel group draws its share
+    group, fixed_group = group_batch(size.batch_size, dp), group_batch(FIXED_BATCH, dp)
+    batch = {"sampling.batch_size": group}
     # Set when the ranks are refused a full-graph evaluation (it cannot fit their memory):
     # the run then trains with train.evaluate false, and is evaluated from its checkpoint
     # on one process.
@@ -391,14 +414,14 @@ def measure_ours(
             return train(overrides, steps, rounds)
 
     fixed: dict[str, Any] | None = None
-    if size.batch_size != FIXED_BATCH:
+    if group != fixed_group:
         try:
             fixed = _ours_row(
-                train({"sampling.batch_size": FIXED_BATCH}, TIMING_STEPS), grid, FIXED_BATCH
+                train({"sampling.batch_size": fixed_group}, TIMING_STEPS), grid, fixed_group
             )
         except BenchError as error:  # its steps count, if it took them
             partial = _partial(error)
-            fixed = {"error": str(error)[-300:], "grid": grid, "batch_size": FIXED_BATCH}
+            fixed = {"error": str(error)[-300:], "grid": grid, "batch_size": fixed_group}
             if "step_s_before_failure" in partial:
                 fixed["step_s"] = partial["step_s_before_failure"]
     checkpoints = log_dir / f"ckpt-{size.name}-{grid}"
@@ -415,7 +438,7 @@ def measure_ours(
             guessed = {"step_guess_s": step_guess_s}
         kept = {"output.dir": checkpoints, "output.checkpoint_every": STEP_CAP}
         result = train({**batch, **kept}, rounds=rounds)
-        row = {**_ours_row(result, grid, size.batch_size), **guessed}
+        row = {**_ours_row(result, grid, group), **guessed}
         if elsewhere:
             evaluated = evaluate_checkpoint(graph, size, checkpoints, result["steps"], log_dir)
             row.update(test_acc=evaluated["test_acc"], val_acc=evaluated["val_acc"])
@@ -427,8 +450,8 @@ def measure_ours(
         shutil.rmtree(checkpoints, ignore_errors=True)
     if fixed is None:
         fixed = {key: row[key] for key in ("grid", "step_s", "breakdown", "batch_size")}
-    predicted = predict(graph, grid, size.batch_size)
-    predicted["fixed_step_s"] = predict(graph, grid, FIXED_BATCH)["step_s"]
+    predicted = predict(graph, grid, group)
+    predicted["fixed_step_s"] = predict(graph, grid, fixed_group)["step_s"]
     return {**row, "fixed_batch": fixed, "predicted": predicted}
 
 
@@ -661,6 +684,8 @@ def main(settings: GrowthSettings | None = None) -> dict[str, Any]:
         "this_invocation_minutes": (time.perf_counter() - start) / 60,
         "rows": rows,
     }
+    if host_calibration.cache_info().currsize:  # made for this invocation's runs
+        payload["calibration"] = host_calibration().to_json()
     payload["analysis"] = growth_report.analyse(payload)
     path = write_results("bench_growth", payload)
     growth_report.write(payload, path)

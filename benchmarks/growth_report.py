@@ -412,6 +412,14 @@ def write(payload: Mapping[str, Any], results_path: Path) -> Path:
         "dgl_scalegnn on 8 ranks and the other peers evaluate once.",
         "",
     ]
+    if calibration := payload.get("calibration"):
+        from dgl_scalegnn.train.calibrate import Calibration
+
+        lines += [
+            "The cost model's rates (the plan grid, the predictions): "
+            f"{Calibration.from_json(calibration).describe()}.",
+            "",
+        ]
     for preset, methods in payload["analysis"].items():
         rows = [r for r in payload["rows"] if _preset_of(r["size"])[0] == preset]
         rows = [r for r in rows if r["method"] != "setup"]
@@ -426,6 +434,7 @@ def write(payload: Mapping[str, Any], results_path: Path) -> Path:
             *_exponent_table(methods),
             "",
         ]
+        lines += _step_lines(rows)
         breakdowns = [r for r in rows if r.get("breakdown")]
         if breakdowns:
             lines += ["Step breakdown (s/step, largest parts):", ""]
@@ -440,6 +449,61 @@ def write(payload: Mapping[str, Any], results_path: Path) -> Path:
     md = results_path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")
     return md
+
+
+#: The methods whose grid the cost model chose, and the one it is measured against.
+PLAN, GRID_8 = "dgl_scalegnn, plan grid", "dgl_scalegnn, 1x2x2x2"
+
+
+def _step_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each dgl_scalegnn run's step seconds, the calibrated model's beside the measured
+    (at B = N/100 and at the fixed B, each a group's batch), and per size the plan
+    grid's test accuracy beside 1x2x2x2's.
+
+    >>> run = {"size": "sparse-1000000", "grid": "8x1x1x1", "batch_size": 1250,
+    ...        "step_s": 0.11, "test_acc": 0.80, "predicted": {"step_s": 0.1}}
+    >>> lines = _step_lines([{**run, "method": PLAN},
+    ...                      {**run, "method": GRID_8, "grid": "1x2x2x2", "test_acc": 0.79}])
+    >>> lines[4]
+    '| 1,000,000 | dgl_scalegnn, plan grid | 8x1x1x1 | 1,250 | 0.1 | 0.11 | 1.1 | - | - |'
+    >>> lines[-2]
+    '- 1,000,000: the plan grid 8x1x1x1 0.8 against 1x2x2x2 0.79 (at least as high)'
+    """
+    predicted = [r for r in rows if "predicted" in r and r.get("step_s") is not None]
+    if not predicted:
+        return []
+    lines = [
+        "| vertices | method | grid | batch a group | s/step predicted | measured "
+        "| measured / predicted | at fixed B predicted | measured |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in predicted:
+        model, fixed = row["predicted"], row.get("fixed_batch") or {}
+        ratio = row["step_s"] / model["step_s"] if model.get("step_s") else None
+        lines.append(
+            f"| {_preset_of(row['size'])[1]:,} | {row['method']} | {row['grid']} "
+            f"| {row['batch_size']:,} | {_fmt(model.get('step_s'))} | {_fmt(row['step_s'])} "
+            f"| {_fmt(ratio, 2)} | {_fmt(model.get('fixed_step_s'))} "
+            f"| {_fmt(fixed.get('step_s'))} |"
+        )
+    lines = ["Step seconds, the calibrated cost model's against the measured:", "", *lines, ""]
+    by_size: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for row in rows:
+        by_size.setdefault(row["size"], {})[row["method"]] = row
+    compared = []
+    for size, methods in sorted(by_size.items(), key=lambda kv: _preset_of(kv[0])[1]):
+        plan, grid8 = methods.get(PLAN), methods.get(GRID_8)
+        if not plan or not grid8 or None in (plan.get("test_acc"), grid8.get("test_acc")):
+            continue
+        verdict = "at least as high" if plan["test_acc"] >= grid8["test_acc"] else "lower"
+        compared.append(
+            f"- {_preset_of(size)[1]:,}: the plan grid {plan['grid']} {_fmt(plan['test_acc'], 4)} "
+            f"against 1x2x2x2 {_fmt(grid8['test_acc'], 4)} ({verdict})"
+        )
+    if compared:
+        lines += ["Test accuracy after the budget, the plan's grid against 1x2x2x2:", ""]
+        lines += [*compared, ""]
+    return lines
 
 
 def _sweep_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:

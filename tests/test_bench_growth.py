@@ -260,8 +260,9 @@ def test_one_process_without_a_guess_times_its_batch_first(monkeypatch, tmp_path
 
 
 def test_eight_ranks_time_the_fixed_batch_then_train_the_budget_once(monkeypatch, tmp_path) -> None:
-    """At 3M on 4x2x1x1: 8 steps at the fixed B = 10k, then one launch of the budget,
-    evaluated only after its last step, with no guess of its steps (runs faked). The
+    """At 3M on 4x2x1x1: 8 steps at the fixed B = 10k (2,500 in each of its 4 groups),
+    then one launch of the budget at B = 30k (7,500 a group), evaluated only after its
+    last step, with no guess of its steps (runs faked). The
     guess that places one process's first round is the geometric mean of the previous
     size's step and the fixed-B run's, grown as B^exponent."""
     launches = []
@@ -269,7 +270,7 @@ def test_eight_ranks_time_the_fixed_batch_then_train_the_budget_once(monkeypatch
     def fake_run(graph, settings, log_dir, timeout_s, grid, watch):
         steps, at = _schedule(settings)
         launches.append((settings["sampling.batch_size"], steps, at))
-        step_s = 0.5 if settings["sampling.batch_size"] == bench_growth.FIXED_BATCH else 1.5
+        step_s = 0.5 if settings["sampling.batch_size"] == 2_500 else 1.5
         history = [{"train_s": 30.0, "eval_s": 1.0, "val_acc": 0.8, "test_acc": 0.8}]
         return _ran(20 if steps == STEP_CAP else steps, step_s, history, 8)
 
@@ -277,7 +278,7 @@ def test_eight_ranks_time_the_fixed_batch_then_train_the_budget_once(monkeypatch
     monkeypatch.setattr(bench_growth, "predict", lambda graph, grid, batch: {"step_s": 1.0})
     size = Size("sparse", 3_000_000)
     row = bench_growth.measure_ours(None, size, "4x2x1x1", 30.0, None, 1.0, tmp_path)
-    assert launches == [(bench_growth.FIXED_BATCH, 8, []), (30_000, STEP_CAP, [])]
+    assert launches == [(2_500, 8, []), (7_500, STEP_CAP, [])]
     assert "step_guess_s" not in row and row["fixed_batch"]["step_s"] == 0.5
     assert row["steps"] == 20 and row["train_s"] == 30.0
     assert bench_growth.batch_exponent(row["step_s"], 0.5, size.batch_size) == 1.0
