@@ -53,8 +53,14 @@ evaluations (two per doubling, from 2.7 s), 60 s (20 steps), larger sweeps, thre
 Settings: :class:`ScaleSettings`, from ``python -m benchmarks.bench_scale --help``
 (``make bench-scale BENCH_ARGS="..."``): the mode, the vertices of both graphs (B stays
 N/10), the final runs' training seconds (the sweeps get a quarter), the presets,
-DistDGL's partitioning (random in quick mode, METIS in full mode) and a work directory
-whose prepared graphs and partitions are kept and reused.
+DistDGL's partitioning (random in quick mode, METIS in full mode), a work directory
+whose prepared graphs and partitions are kept and reused, and the methods run
+(``--methods``, by :data:`METHOD_KEYS`: ``ours-gin,dgl-gin-ns`` runs those two rows and
+only the sweeps they need). A run of some methods takes the other rows, with their
+sweeps, from an earlier results file of the same sizes, budget and seeds (``--reuse
+benchmarks/results/bench_scale.json``), and the report says which rows are reused: their
+times were measured in that run, so a ratio between a reused row and a new one spans
+two runs.
 
 Outputs: ``benchmarks/results/bench_scale.json``, ``bench_scale_<graph>.png`` and
 ``bench_scale.md`` (:mod:`benchmarks.scale_report`).
@@ -64,6 +70,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -109,6 +116,26 @@ SAME_LAYER = {
     LAYER_TYPES[conv]: "GraphSAGE" if conv == "sage" else LAYER_PEERS[conv][0]
     for conv in LAYER_TYPES
 }
+#: The short name of each method on the command line (``--methods``).
+METHOD_KEYS = dict(
+    zip(
+        (
+            "ours",
+            "ours-8",
+            "saint-b",
+            "saint-best",
+            "graphsage",
+            "distdgl",
+            *(f"ours-{conv}" for conv in LAYER_TYPES),
+            *(peer for _, peer in LAYER_PEERS.values()),
+        ),
+        METHODS,
+        strict=True,
+    )
+)
+#: The methods whose rows the ratios of the report are read from: a run of some methods
+#: only takes the others' from an earlier results file.
+ANCHORS = METHODS[:6]
 #: Process count of each method (the paper's claim compares equal counts).
 PROCESSES = {method: 8 if method in (METHODS[1], METHODS[5]) else 1 for method in METHODS}
 #: Learning rates (Adam) that every method's sweep tries: dgl_scalegnn's shipped 1M
@@ -130,6 +157,8 @@ class ScaleSettings:
     graphs: tuple[str, ...] = tuple(scale_presets.PRESETS)
     partition: str | None = None  # random quick (METIS alone takes minutes), metis full
     work: Path | None = None
+    methods: tuple[str, ...] = METHODS
+    reuse: Path | None = None  # an earlier bench_scale.json: the rows not run
 
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None = None) -> ScaleSettings:
@@ -141,11 +170,40 @@ class ScaleSettings:
         add("--graphs", default=",".join(cls.graphs), help="comma-separated presets")
         add("--partition", choices=("random", "metis"), help="DistDGL's (random, full metis)")
         add("--work", type=Path, help="keep the prepared graphs and partitions here, reuse them")
+        add(
+            "--methods",
+            default=",".join(METHOD_KEYS),
+            help=f"comma-separated methods to run, of {', '.join(METHOD_KEYS)}",
+        )
+        add("--reuse", type=Path, help="an earlier bench_scale.json: the rows not run")
         args = parse_args(parser, argv)
         graphs = tuple(name.strip() for name in args.graphs.split(",") if name.strip())
         for name in graphs:
             scale_presets.preset(name)  # refuses an unknown name
-        return cls(args.full, args.nodes, args.budget, graphs, args.partition, args.work)
+        keys = [key.strip() for key in args.methods.split(",") if key.strip()]
+        if unknown := [key for key in keys if key not in METHOD_KEYS]:
+            parser.error(
+                f"unknown method {unknown[0]!r} in --methods; give some of "
+                + ", ".join(METHOD_KEYS)
+            )
+        methods = tuple(method for key, method in METHOD_KEYS.items() if key in keys)
+        missing = [key for key, method in METHOD_KEYS.items() if method in ANCHORS]
+        missing = [key for key in missing if METHOD_KEYS[key] not in methods]
+        if missing and args.reuse is None:
+            parser.error(
+                f"--methods leaves out {', '.join(missing)}, whose rows the report's ratios "
+                "read: add them, or give --reuse benchmarks/results/bench_scale.json"
+            )
+        return cls(
+            args.full,
+            args.nodes,
+            args.budget,
+            graphs,
+            args.partition,
+            args.work,
+            methods,
+            args.reuse,
+        )
 
 
 @dataclass(frozen=True)
@@ -185,6 +243,9 @@ class Plan:
         Batch sizes below N/10 and dropout 0 are in: on 2 CPU cores a step costs about B,
         so more, smaller steps reach a target sooner (measured on the products-like graph:
         B = N/40 without dropout 0.913 after 23 s, B = N/10 with dropout 0.2 0.72 after 27 s).
+        GIN also tries the preset's model without its residual: the preset adds the
+        aggregated input, which for GIN is the neighbours' sum, at a scale growing with
+        the degree that a sampled step (few neighbours drawn) never trains on.
         """
         n = self.num_nodes
         # quick mode: the full sweep's learning rate and dropout on both graphs (the
@@ -196,13 +257,16 @@ class Plan:
         )
         fractions = _QUICK_FRACTIONS if self.quick else (10, 40, 100)
         layer = {} if conv is None else {"model.conv": conv}
+        forms = ({}, {"model.residual": "false"}) if conv == "gin" else ({},)
         return [
             {
                 **layer,
+                **form,
                 "optim.lr": lr,
                 "model.dropout": dropout,
                 "sampling.batch_size": max(1, n // f),
             }
+            for form in forms
             for lr in learning_rates
             for dropout in dropouts
             for f in fractions
@@ -359,79 +423,99 @@ def _sweep_row(settings: Mapping[str, Any], result: Mapping[str, Any]) -> dict[s
     return {"settings": dict(settings), "result": dict(result)}
 
 
-def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
-    """Sweeps, then the final runs of every method on ``graph``."""
+def run_graph(
+    graph: Graph, p: Plan, log_dir: Path, methods: Sequence[str] = METHODS
+) -> dict[str, Any]:
+    """Sweeps, then the final runs of ``methods`` (all of :data:`METHODS` by default) on
+    ``graph``: the sweeps those methods need, no other."""
     print(f"[{graph.name}] sweeps", flush=True)
+    chosen = set(methods)
 
     def swept(o: Mapping[str, Any], processes: int = 1) -> dict[str, Any]:
         return ours(graph, p, o, 0, processes, *_read_at_end(p.sweep_steps_for(o)), log_dir)
 
     sweeps: dict[str, list[dict[str, Any]]] = {}
-    sweeps["dgl_scalegnn"] = [_sweep_row(o, swept(o)) for o in p.ours_grid()]
-    best_ours = _best(sweeps["dgl_scalegnn"])
+    if chosen & set(METHODS[:3]):  # ours, and GraphSAINT-node at the B ours chose
+        sweeps["dgl_scalegnn"] = [_sweep_row(o, swept(o)) for o in p.ours_grid()]
+        best_ours = _best(sweeps["dgl_scalegnn"])
     for conv, method in LAYER_TYPES.items():
-        sweeps[method] = [_sweep_row(o, swept(o)) for o in p.ours_grid(conv)]
-    ours_8_probe = swept(best_ours["settings"], 8)
-    sweeps[f"dgl_scalegnn {GRID_8} (timing only)"] = [
-        _sweep_row(best_ours["settings"], ours_8_probe)
-    ]
+        if method in chosen:
+            sweeps[method] = [_sweep_row(o, swept(o)) for o in p.ours_grid(conv)]
+    if METHODS[1] in chosen:
+        ours_8_probe = swept(best_ours["settings"], 8)
+        sweeps[f"dgl_scalegnn {GRID_8} (timing only)"] = [
+            _sweep_row(best_ours["settings"], ours_8_probe)
+        ]
     # A sweep is read at its end only (as dgl_scalegnn's): on the products-like graph one
     # layer-wise evaluation costs more than the sweep's training.
     ends = [p.sweep_budget_s]
-    peer_grids = {"graphsaint": p.saint_grid(), "graphsage": p.sage_grid()}
-    for _, peer in LAYER_PEERS.values():
-        peer_grids[peer] = p.layer_peer_grid()
+    peer_grids = {}
+    if chosen & set(METHODS[2:4]):
+        peer_grids["graphsaint"] = p.saint_grid()
+    if chosen & set(METHODS[4:6]):  # DistDGL trains with GraphSAGE's best settings
+        peer_grids["graphsage"] = p.sage_grid()
+    for method, peer in LAYER_PEERS.values():
+        if method in chosen:
+            peer_grids[peer] = p.layer_peer_grid()
     for method, grid in peer_grids.items():
         sweeps[method] = [
             _sweep_row(s, run_peer(graph, method, s, 0, p.sweep_budget_s, ends, log_dir))
             for s in grid
         ]
         print(f"[{graph.name}] {method} sweep: {_sweep_text(sweeps[method])}", flush=True)
-    saint_best = _best(sweeps["graphsaint"])["settings"]
-    # GraphSAINT-node at the batch size dgl_scalegnn's sweep chose
-    saint_b = {
-        **saint_best,
-        "budget": int(best_ours["settings"].get("sampling.batch_size", p.batch_size)),
-    }
-    sage_best = _best(sweeps["graphsage"])["settings"]
-    runs: dict[str, list[dict[str, Any]]] = {method: [] for method in METHODS}
+    peer_runs = {}  # method: (peer, settings, with a timed sampled evaluation)
+    if "graphsaint" in sweeps:
+        saint_best = _best(sweeps["graphsaint"])["settings"]
+        peer_runs[METHODS[3]] = ("graphsaint", saint_best, False)
+        if METHODS[2] in chosen:  # GraphSAINT-node at the batch size ours chose
+            batch = int(best_ours["settings"].get("sampling.batch_size", p.batch_size))
+            peer_runs[METHODS[2]] = ("graphsaint", {**saint_best, "budget": batch}, False)
+    if "graphsage" in sweeps:
+        peer_runs[METHODS[4]] = ("graphsage", _best(sweeps["graphsage"])["settings"], True)
+    for method, peer in LAYER_PEERS.values():
+        if peer in sweeps:
+            peer_runs[method] = (peer, _best(sweeps[peer])["settings"], False)
+    runs: dict[str, list[dict[str, Any]]] = {method: [] for method in METHODS if method in chosen}
     for seed in p.seeds:
-        for processes, probe in ((1, best_ours["result"]), (8, ours_8_probe)):
-            result = run_ours_for_budget(
-                graph, p, best_ours["settings"], seed, processes, probe, log_dir
-            )
-            runs[METHODS[0 if processes == 1 else 1]].append(result)
-        for method, peer, settings, extra in (
-            (METHODS[2], "graphsaint", saint_b, False),
-            (METHODS[3], "graphsaint", saint_best, False),
-            (METHODS[4], "graphsage", sage_best, True),
-        ):
-            if method == METHODS[3] and saint_best == saint_b:  # the same run: reuse it
+        for processes, method in ((1, METHODS[0]), (8, METHODS[1])):
+            if method in chosen:
+                probe = best_ours["result"] if processes == 1 else ours_8_probe
+                runs[method].append(
+                    run_ours_for_budget(
+                        graph, p, best_ours["settings"], seed, processes, probe, log_dir
+                    )
+                )
+        for method, (peer, settings, extra) in peer_runs.items():
+            if method not in chosen:
+                continue
+            same = peer_runs.get(METHODS[2])
+            if method == METHODS[3] and same and same[1] == settings:  # the same run: reuse
                 runs[method].append(runs[METHODS[2]][-1])
                 continue
             runs[method].append(
                 run_peer(graph, peer, settings, seed, p.budget_s, p.eval_at_s, log_dir, extra)
             )
-        runs[METHODS[5]].append(
-            run_distdgl(graph, sage_best, seed, p.budget_s, p.eval_at_s, log_dir)
-        )
+        if METHODS[5] in chosen:
+            sage_best = peer_runs[METHODS[4]][1]
+            runs[METHODS[5]].append(
+                run_distdgl(graph, sage_best, seed, p.budget_s, p.eval_at_s, log_dir)
+            )
         for method in LAYER_TYPES.values():
-            best = _best(sweeps[method])
-            runs[method].append(
-                run_ours_for_budget(graph, p, best["settings"], seed, 1, best["result"], log_dir)
-            )
-        for method, peer in LAYER_PEERS.values():
-            settings = _best(sweeps[peer])["settings"]
-            runs[method].append(
-                run_peer(graph, peer, settings, seed, p.budget_s, p.eval_at_s, log_dir)
-            )
-        for method in METHODS:
+            if method in chosen:
+                best = _best(sweeps[method])
+                runs[method].append(
+                    run_ours_for_budget(
+                        graph, p, best["settings"], seed, 1, best["result"], log_dir
+                    )
+                )
+        for method in runs:
             last = runs[method][-1]
             print(
                 f"[{graph.name}] seed {seed} {method}: test {last['test_at_best_val']:.4f} "
                 f"after {last['history'][-1]['train_s']:.1f} s ({last['steps']} steps)",
                 flush=True,
             )
+    runs = {method: runs[method] for method in METHODS if method in runs}  # report order
     return {
         "graph": graph.name,
         "config": graph.config_file,
@@ -444,8 +528,65 @@ def run_graph(graph: Graph, p: Plan, log_dir: Path) -> dict[str, Any]:
     }
 
 
+def with_reused_rows(
+    report: Mapping[str, Any], earlier: Mapping[str, Any], source: str
+) -> dict[str, Any]:
+    """``report`` (one graph's runs of some methods) with the other methods' runs and
+    sweeps from ``earlier`` (the same graph's report of an earlier run, read from
+    ``source``), in the order of :data:`METHODS`; ``reused`` names them and the file.
+
+    >>> new = {"runs": {METHODS[6]: ["new"]}, "sweeps": {"x": ["new sweep"]}}
+    >>> old = {"runs": {METHODS[0]: ["old"], METHODS[6]: ["old"]}, "sweeps": {"x": [], "y": []}}
+    >>> merged = with_reused_rows(new, old, "earlier.json")
+    >>> merged["runs"] == {METHODS[0]: ["old"], METHODS[6]: ["new"]}, merged["sweeps"]
+    (True, {'x': ['new sweep'], 'y': []})
+    >>> merged["reused"]
+    {'from': 'earlier.json', 'methods': ['dgl_scalegnn, 1 process']}
+    """
+    fresh = report["runs"]
+    reused = [m for m in METHODS if m not in fresh and m in earlier["runs"]]
+    runs = {
+        m: fresh[m] if m in fresh else earlier["runs"][m]
+        for m in METHODS
+        if m in fresh or m in reused
+    }
+    return {
+        **report,
+        "runs": runs,
+        "sweeps": {**earlier.get("sweeps", {}), **report["sweeps"]},
+        "reused": {"from": source, "methods": reused},
+    }
+
+
 def _sweep_text(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{row['settings']} val {row['result']['best_val_acc']:.4f}" for row in rows)
+
+
+def earlier_results(path: Path, p: Plan) -> dict[str, dict[str, Any]]:
+    """Each graph's report in the results file ``path`` of an earlier run (``--reuse``).
+
+    Raises
+    ------
+    BenchError
+        If the file cannot be read, lacks one of ``p``'s graphs, or was run at other
+        sizes, budget or seeds than ``p`` (its rows would not compare).
+    """
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise BenchError(f"--reuse {path}: cannot read it ({error})") from error
+    for key in ("num_nodes", "budget_s", "seeds", "quick"):
+        ours = getattr(p, key)
+        if (theirs := payload.get("plan", {}).get(key)) != (
+            list(ours) if isinstance(ours, tuple) else ours
+        ):
+            raise BenchError(
+                f"--reuse {path} ran with {key} {theirs}, this run {ours}: reuse a file of "
+                "the same settings, or run every method"
+            )
+    if missing := [name for name in p.graphs if name not in payload.get("graphs", {})]:
+        raise BenchError(f"--reuse {path} has no graph {missing[0]!r}: run every method")
+    return {name: payload["graphs"][name] for name in p.graphs}
 
 
 def main(settings: ScaleSettings | None = None) -> dict[str, Any]:
@@ -454,6 +595,14 @@ def main(settings: ScaleSettings | None = None) -> dict[str, Any]:
     settings = settings or ScaleSettings.from_argv()
     p = plan(settings)
     partition = settings.partition or ("random" if p.quick else "metis")
+    earlier = None if settings.reuse is None else earlier_results(settings.reuse, p)
+    for name in p.graphs if earlier else ():
+        if missing := [
+            m for m in ANCHORS if m not in settings.methods and m not in earlier[name]["runs"]
+        ]:
+            raise BenchError(
+                f"{settings.reuse} has no {missing[0]!r} rows for {name}: add its key to --methods"
+            )
     start = time.perf_counter()
     with work_dir(settings.work) as work:
         log_dir = work / f"logs-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -462,11 +611,14 @@ def main(settings: ScaleSettings | None = None) -> dict[str, Any]:
         for name in p.graphs:
             print(f"[{name}] preparing {p.num_nodes} vertices", flush=True)
             parts = (8 if distdgl.isolation_available() else 1, partition)
-            graph, setup = setup_graph(Size(name, p.num_nodes), work, partitions=parts)
+            steps = ("generate", "partition") if METHODS[5] in settings.methods else ("generate",)
+            graph, setup = setup_graph(Size(name, p.num_nodes), work, steps, partitions=parts)
             if failed := [f"{step}: {f['error']}" for step, f in setup.items() if "error" in f]:
                 raise BenchError(f"[{name}] preparing failed: {failed[0]}")
-            graphs[name] = run_graph(graph, p, log_dir)
+            graphs[name] = run_graph(graph, p, log_dir, settings.methods)
             graphs[name]["setup_s"] = {**graph.setup_s, "partition_method": partition}
+            if earlier:
+                graphs[name] = with_reused_rows(graphs[name], earlier[name], str(settings.reuse))
     payload = {
         "plan": {**dataclasses.asdict(p), "batch_size": p.batch_size},
         "minutes": (time.perf_counter() - start) / 60,

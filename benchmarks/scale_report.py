@@ -210,6 +210,13 @@ def markdown(payload: Mapping[str, Any]) -> str:
             + f". Set-up: {report['setup_s']}. Plot: bench_scale_{name}.png.",
             "",
         ]
+        reused = report.get("reused", {}).get("methods", [])
+        if reused:
+            lines += [
+                f"Rows marked (earlier run) are {report['reused']['from']}'s, not run here "
+                "(`--reuse`): their times were measured in that run.",
+                "",
+            ]
         headers = ["method", "procs", "test acc", "train loss", "steps", "s/step"]
         for label in targets:
             headers += [f"to {label}: s (steps)"]
@@ -217,7 +224,7 @@ def markdown(payload: Mapping[str, Any]) -> str:
         rows = []
         for method, fig in analysis["methods"].items():
             row = [
-                method,
+                f"{method} (earlier run)" if method in reused else method,
                 len(fig["max_rss_mb"]),
                 f"{fig['test_acc']['mean']:.4f} ± {fig['test_acc']['std']:.4f}",
                 _num(fig.get("final_train_loss"), 3),

@@ -422,6 +422,83 @@ def test_final_run_of_ours_is_run_again_when_its_probe_misjudged_the_step_time(
     assert len(calls) == 1
 
 
+def test_bench_scale_runs_the_methods_asked_for_and_reuses_the_other_rows(
+    monkeypatch, tmp_path
+) -> None:
+    """``--methods ours-gin,dgl-gin-ns --reuse FILE``: the GIN sweeps and final runs
+    alone, the other rows (and their sweeps) from the earlier file, in the report's order."""
+    from benchmarks import scale_report
+
+    plan, graph = bench_scale.plan(), SimpleNamespace(name="g", config_file="c", num_nodes=10)
+    graph.setup_s = {}
+    ran: list[tuple[str, str]] = []
+    gin, dgl_gin = bench_scale.METHOD_KEYS["ours-gin"], bench_scale.METHOD_KEYS["dgl-gin-ns"]
+
+    def fake_ours(graph, p, overrides, seed, processes, max_steps, eval_steps, log_dir):
+        ran.append(("ours", overrides.get("model.conv", "gcn")))
+        return _run([(max_steps, plan.budget_s, 0.7)], 1.0, [100.0]) | {
+            "steps": max_steps,
+            "first_step_s": 0.1,
+            "steady_step_s": plan.budget_s / 240,
+        }
+
+    def fake_peer(graph, method, settings, seed, budget_s, eval_at_s, log_dir, extra=False):
+        ran.append(("peer", method))
+        accuracy = 0.6 + 0.01 * settings["fanouts"][0]
+        return _run([(10, budget_s, accuracy)], 1.0, [50.0]) | {"steps": 10}
+
+    monkeypatch.setattr(bench_scale, "ours", fake_ours)
+    monkeypatch.setattr(bench_scale, "run_peer", fake_peer)
+    report = bench_scale.run_graph(graph, plan, tmp_path, (gin, dgl_gin))
+    assert set(ran) == {("ours", "gin"), ("peer", "dgl-gin-ns")}
+    assert list(report["runs"]) == [gin, dgl_gin]
+    assert report["runs"][dgl_gin][0]["best_val_acc"] == pytest.approx(0.75)  # fan-out 15 won
+    earlier = {
+        "runs": {m: [_run([(5, 3.0, 0.8)], 1.0, [10.0])] for m in bench_scale.METHODS[:8]},
+        "sweeps": {"graphsage": [], gin: []},
+    }
+    merged = bench_scale.with_reused_rows(report, earlier, "earlier.json")
+    assert bench_scale.METHODS[7] == gin
+    assert list(merged["runs"]) == [*bench_scale.METHODS[:8], dgl_gin]
+    assert merged["runs"][gin] == report["runs"][gin]  # the new run, not the earlier one
+    assert merged["sweeps"]["graphsage"] == [] and len(merged["sweeps"][gin]) == 2
+    assert merged["reused"]["methods"] == list(bench_scale.METHODS[:7])
+    payload = {
+        "plan": dataclasses.asdict(plan) | {"batch_size": plan.batch_size},
+        "minutes": 1.0,
+        "graphs": {"g": merged},
+        "analysis": {"g": scale_report.analyse(merged)},
+    }
+    text = scale_report.markdown(payload)
+    assert f"| {bench_scale.METHODS[4]} (earlier run) | 1 |" in text
+    assert f"| {gin} | 1 |" in text and "earlier.json's, not run here" in text
+
+
+def test_bench_scale_refuses_a_partial_run_without_rows_to_reuse(tmp_path, capsys) -> None:
+    for argv, says in (
+        (["--methods", "ours-gin"], "--methods leaves out ours, ours-8, saint-b"),
+        (["--methods", "ours-gni"], "unknown method 'ours-gni' in --methods"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            bench_scale.ScaleSettings.from_argv(argv)
+        assert stop.value.code == 2
+        assert says in capsys.readouterr().err
+    earlier = tmp_path / "bench_scale.json"
+    earlier.write_text(
+        json.dumps({"plan": {**dataclasses.asdict(bench_scale.plan()), "budget_s": 12.0}})
+    )
+    with pytest.raises(bench_scale.BenchError, match=r"ran with budget_s 12\.0, this run 24\.0"):
+        bench_scale.earlier_results(earlier, bench_scale.plan())
+    plan = dataclasses.asdict(bench_scale.plan())  # the same settings, without GraphSAGE's row
+    runs = {method: [] for method in bench_scale.ANCHORS if method != "GraphSAGE"}
+    graphs = {name: {"runs": runs} for name in plan["graphs"]}
+    earlier.write_text(json.dumps({"plan": plan, "graphs": graphs}))
+    gin = bench_scale.METHOD_KEYS["ours-gin"]
+    settings = bench_scale.ScaleSettings(methods=(gin,), reuse=earlier)
+    with pytest.raises(bench_scale.BenchError, match="has no 'GraphSAGE' rows for sparse"):
+        bench_scale.main(settings)  # before anything runs
+
+
 def test_sampled_inference_is_the_model_on_full_neighbourhoods_when_fanout_covers_them(
     small,
 ) -> None:
