@@ -63,11 +63,21 @@ class RowChunk:
         (always on one process), else a gather. Decided from :attr:`ranges`, so nothing is
         read back from the device."""
         first, last = self.rows.range(axis, coords.along(axis))
-        pieces = _vertices_at(self.ranges, first, last)
+        pieces = self.local_runs(axis, coords, range_start)
         if len(pieces) <= 1:
-            start = pieces[0][0] - range_start if pieces else 0
+            start = pieces[0][0] if pieces else 0
             return matrix[start : start + last - first]
         return matrix.index_select(0, self.rows.vertex_ids[first:last] - range_start)
+
+    def local_runs(self, axis: Axis, coords: Coords, range_start: int) -> list[tuple[int, int]]:
+        """The chunk's rows of this rank's shard of a matrix split along ``axis`` (whose
+        rows start at vertex ``range_start``) as ``[start, stop)`` runs of its local rows,
+        in order (from :attr:`ranges`, on the host)."""
+        first, last = self.rows.range(axis, coords.along(axis))
+        return [
+            (start - range_start, stop - range_start)
+            for start, stop in _vertices_at(self.ranges, first, last)
+        ]
 
 
 def _vertices_at(ranges: Sequence[tuple[int, int]], first: int, last: int) -> list[tuple[int, int]]:

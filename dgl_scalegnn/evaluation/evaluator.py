@@ -7,13 +7,16 @@ Two engines compute the same counts:
 - :class:`LayerwiseEvaluation`: one distributed layer-wise forward in row chunks
   (:mod:`~dgl_scalegnn.evaluation.layerwise`); it holds a layer's input and output over
   every vertex (:mod:`~dgl_scalegnn.evaluation.buffer_plan`);
+- :class:`StreamedEvaluation`: the same forward with its whole-graph matrices in scratch
+  files (:mod:`~dgl_scalegnn.evaluation.scratch`), streamed a piece at a time, so that
+  a rank holds two buffers of them, not the matrices;
 - :class:`NeighbourhoodEvaluation`: every rank its share of the vertices from their
   neighbourhoods (:mod:`~dgl_scalegnn.evaluation.neighbourhood`), in memory bounded by
   its pieces, at the price of recomputation.
 
-:func:`choose_evaluator` takes ``train.evaluation``: ``layerwise`` and ``neighbourhood``
-as asked, ``auto`` the layer-wise one where it fits the memory every rank has, else the
-neighbourhood one with a note saying why.
+:func:`choose_evaluator` takes ``train.evaluation``: ``neighbourhood`` as asked;
+``layerwise`` in memory where it fits the memory every rank has, else streamed; ``auto``
+the same, else the neighbourhood one, with a note saying why.
 
 Example
 -------
@@ -35,17 +38,26 @@ Example
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from dgl_scalegnn.cache_dir import default_cache_dir
 from dgl_scalegnn.config import ConfigError
 from dgl_scalegnn.data.prepared import PreparedGraph
 from dgl_scalegnn.distributed.comm import reduce_over_world
-from dgl_scalegnn.evaluation.layerwise import full_graph_counts
-from dgl_scalegnn.evaluation.memory import agreed_chunk_rows, full_graph_memory
+from dgl_scalegnn.evaluation.layerwise import full_graph_counts, streams
+from dgl_scalegnn.evaluation.memory import (
+    ChunkMemory,
+    agreed_chunk_rows,
+    full_graph_memory,
+    scratch_bytes,
+    streamed_memory,
+)
 from dgl_scalegnn.evaluation.neighbourhood import neighbourhood_counts
 from dgl_scalegnn.heap import evaluation_heap
 from dgl_scalegnn.model.objective import Objective
@@ -55,6 +67,7 @@ from dgl_scalegnn.sampling.store import RankStore
 __all__ = [
     "Evaluator",
     "LayerwiseEvaluation",
+    "StreamedEvaluation",
     "NeighbourhoodEvaluation",
     "Choice",
     "choose_evaluator",
@@ -105,6 +118,23 @@ class LayerwiseEvaluation(Evaluator):
         return full_graph_counts(self.model, self.store.full_graph(), self.objective)
 
 
+class StreamedEvaluation(LayerwiseEvaluation):
+    """:class:`LayerwiseEvaluation` with its whole-graph matrices in scratch files under
+    ``scratch`` (a directory of their own each round, removed after it)."""
+
+    name = "streamed"
+
+    def __init__(
+        self, model: ParallelScaleGNN, store: RankStore, objective: Objective, scratch: Path
+    ) -> None:
+        super().__init__(model, store, objective)
+        self.scratch = scratch
+
+    def counts(self) -> dict[str, tuple[float, float]]:
+        full = self.store.full_graph()
+        return full_graph_counts(self.model, full, self.objective, scratch=self.scratch)
+
+
 class NeighbourhoodEvaluation(Evaluator):
     """Every rank its share of the vertices of the prepared ``graph``, from their
     neighbourhoods (:func:`~dgl_scalegnn.evaluation.neighbourhood.neighbourhood_counts`)."""
@@ -144,7 +174,10 @@ def choose_evaluator(
     :func:`~dgl_scalegnn.evaluation.memory.agreed_chunk_rows`) are compared with
     ``available()``: the bytes each rank has, the least over the ranks, and where they
     are (for the message). Every rank compares the same figures (the most any rank
-    needs: one all-reduce), so all choose alike.
+    needs: one all-reduce), so all choose alike. Where the matrices do not fit but the
+    model :func:`~dgl_scalegnn.evaluation.layerwise.streams`, the streamed evaluation is
+    taken where its buffers fit and the cache directory's filesystem has room for its
+    files (:func:`~dgl_scalegnn.evaluation.memory.scratch_bytes`), with a note.
 
     Raises
     ------
@@ -154,25 +187,43 @@ def choose_evaluator(
     """
     if asked == "neighbourhood":
         return Choice(NeighbourhoodEvaluation(model, graph))
-    layerwise = LayerwiseEvaluation(model, store, objective)
     full = store.full_graph()
-    memory = full_graph_memory(model, full)
-    chunk_rows = agreed_chunk_rows(model, full, memory)
-    need = memory.reserved_bytes + chunk_rows * memory.row_bytes
-    device = full.features.device
-    most = reduce_over_world(
-        torch.tensor([float(need)], dtype=torch.float64, device=device), dist.ReduceOp.MAX
-    )
-    need = float(most.item())  # every rank is here: the memory below is after loading
+    chunk_rows = agreed_chunk_rows(model, full)
     room, where = available()
+
+    def most(value: float) -> float:  # the largest over the ranks (collective)
+        mine = torch.tensor([value], dtype=torch.float64, device=full.features.device)
+        return float(reduce_over_world(mine, dist.ReduceOp.MAX).item())
+
+    def needs(memory: ChunkMemory) -> float:
+        return most(memory.reserved_bytes + chunk_rows * memory.row_bytes)
+
+    need = needs(full_graph_memory(model, full))  # every rank is here: after loading
     if need <= room:
-        return Choice(layerwise)
+        return Choice(LayerwiseEvaluation(model, store, objective))
     shortfall = (
         f"parallel.grid {model.runtime.grid.shape}: a layer-wise evaluation needs "
         f"{need / 1e9:.2f} GB a rank beside what the rank holds (a layer's input and "
         f"output over all {store.num_nodes:,} vertices, and one chunk of {chunk_rows:,} "
         f"rows), but {where} has {room / 1e9:.2f} GB"
     )
+    if streams(model):
+        streamed_need = needs(streamed_memory(model, full))
+        scratch = default_cache_dir("evaluation")
+        disk = scratch_bytes(model, full)[0]
+        free = shutil.disk_usage(scratch).free
+        short_of_disk = most(float(disk > free))  # every rank decides alike
+        if streamed_need <= room and not short_of_disk:
+            return Choice(
+                StreamedEvaluation(model, store, objective, scratch),
+                f"{shortfall}: streaming them through scratch files in {scratch} instead "
+                f"(up to {disk / 1e9:.2f} GB a rank there, {streamed_need / 1e9:.2f} GB "
+                "of memory a rank), removed after each round",
+            )
+        shortfall += (
+            f"; streamed through scratch files it needs {streamed_need / 1e9:.2f} GB a rank "
+            f"and {disk / 1e9:.2f} GB of the {free / 1e9:.2f} GB free in {scratch}"
+        )
     if asked == "auto":
         return Choice(
             NeighbourhoodEvaluation(model, graph),

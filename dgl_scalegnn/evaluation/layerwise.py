@@ -26,14 +26,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from dgl_scalegnn.core.layout import INPUT_LAYOUT
 from dgl_scalegnn.distributed.comm import all_reduce
 from dgl_scalegnn.evaluation.buffer_plan import Matrix
-from dgl_scalegnn.evaluation.chunks import RowChunk, chunk_count, csr_row_chunks, row_chunks
-from dgl_scalegnn.evaluation.memory import agreed_chunk_rows, buffer_plan
+from dgl_scalegnn.evaluation.chunks import (
+    CSRRows,
+    RowChunk,
+    chunk_count,
+    csr_row_chunks,
+    row_chunks,
+)
+from dgl_scalegnn.evaluation.memory import (
+    agreed_chunk_rows,
+    buffer_plan,
+    scratch_bytes,
+    stream_rows,
+)
+from dgl_scalegnn.evaluation.scratch import ScratchDir, ScratchMatrix
 from dgl_scalegnn.model.convs import GraphLayer
 from dgl_scalegnn.model.convs.base import EvaluationRows, LayerInput
 from dgl_scalegnn.model.layers import Head, InputProjection
@@ -42,7 +55,7 @@ from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.sampling.store import FullGraph
 
-__all__ = ["EVAL_STEP", "full_graph_forward", "full_graph_counts"]
+__all__ = ["EVAL_STEP", "full_graph_forward", "full_graph_counts", "streams"]
 
 #: Step key of full-graph evaluation (no dropout, so it only has to be some integer).
 EVAL_STEP = -1
@@ -57,15 +70,18 @@ def full_graph_forward(
     model: ParallelScaleGNN,
     graph: FullGraph,
     chunk_rows: int | None = None,
+    scratch: Path | None = None,
 ) -> tuple[torch.Tensor, ShardSpec]:
     """Logits of every vertex of ``graph`` and their spec, layer by layer in chunks of
     ``chunk_rows`` output rows per rank (by default sized for the devices and agreed by
     every rank: :func:`agreed_chunk_rows`, a collective); the SpMMs on the native CPU
     loop where the model's native kernels are on
-    (:class:`~dgl_scalegnn.evaluation.chunks.CSRRows`).
+    (:class:`~dgl_scalegnn.evaluation.chunks.CSRRows`). With ``scratch`` (a directory;
+    a model that :func:`streams`), the whole-graph matrices below the logits are kept
+    in files there (:class:`~dgl_scalegnn.evaluation.scratch.ScratchDir`), not in memory.
     ``model`` must be in evaluation mode.
     """
-    logits, spec = _forward(model, graph, chunk_rows, None)
+    logits, spec = _forward_in(model, graph, chunk_rows, None, scratch)
     assert logits is not None  # no sink: the logits are kept
     return logits, spec
 
@@ -76,13 +92,15 @@ def full_graph_counts(
     graph: FullGraph,
     objective: Objective,
     chunk_rows: int | None = None,
+    scratch: Path | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Per split, (correct, total) over every vertex of ``graph`` (micro-F1 terms if
     multi-label; :meth:`~dgl_scalegnn.model.objective.Objective.counts`), summed over the
-    grid: :func:`full_graph_forward`'s logits, each chunk counted as the last layer makes
-    it, so that they are never whole (on the products-like 1M graph, 47 classes: a
-    188 MB matrix, whose first touch took 0.02-0.25 s a round). The chunks' counts add up
-    on the device and are read back once, after the last chunk.
+    grid: :func:`full_graph_forward`'s logits (with ``scratch`` as there), each chunk
+    counted as the last layer makes it, so that they are never whole (on the
+    products-like 1M graph, 47 classes: a 188 MB matrix, whose first touch took
+    0.02-0.25 s a round). The chunks' counts add up on the device and are read back
+    once, after the last chunk.
     """
     if not model.layers:  # the head alone: its logits are no larger than its input
         logits, spec = full_graph_forward(model, graph, chunk_rows)
@@ -102,25 +120,54 @@ def full_graph_counts(
         )
         total = total + objective.count_tensor(logits, spec, part, splits)
 
-    _forward(model, graph, chunk_rows, count)
+    _forward_in(model, graph, chunk_rows, count, scratch)
     runtime = model.runtime
     # each replica counted its own chunks (_by_row_chunks)
     summed = all_reduce(total, runtime.grid.dp_group, runtime.profiler, component="dp_allreduce")
     return split_counts(splits, summed)
 
 
-def _forward(
+def streams(model: ParallelScaleGNN) -> bool:
+    """Whether ``model`` can be evaluated with its whole-graph matrices in scratch files:
+    graph layers whose every product is of the adjacency with the layer input (no layer
+    aggregates a narrowed input: GAT's :math:`A (X W)`, or a narrowing layer on one TP
+    rank, where the matrices are the narrowed ones) and a first input that the
+    evaluation makes (on one TP rank the layers read the features in place)."""
+    plan = buffer_plan(model)
+    return bool(model.layers) and plan.owned and all(m is None for m in plan.narrowed)
+
+
+def _forward_in(
     model: ParallelScaleGNN,
     graph: FullGraph,
     chunk_rows: int | None,
     sink: ChunkSink | None,
+    scratch: Path | None,
 ) -> tuple[torch.Tensor | None, ShardSpec]:
-    """:func:`full_graph_forward`, or with ``sink`` each chunk of logits given to it
-    instead of kept (``None`` for the logits then)."""
+    """:func:`_forward`, with ``scratch`` in a :class:`ScratchDir` there (collective)."""
     if model.training:
         raise RuntimeError("full-graph evaluation: call model.eval() first")
     if chunk_rows is None:
         chunk_rows = agreed_chunk_rows(model, graph)
+    if scratch is None:
+        return _forward(model, graph, chunk_rows, sink, None)
+    if not streams(model):
+        raise ValueError("full-graph evaluation: this model's matrices cannot be streamed")
+    alone, shared = scratch_bytes(model, graph)
+    with ScratchDir(scratch, alone, shared, model.runtime, graph.features.device) as directory:
+        return _forward(model, graph, chunk_rows, sink, directory)
+
+
+def _forward(
+    model: ParallelScaleGNN,
+    graph: FullGraph,
+    chunk_rows: int,
+    sink: ChunkSink | None,
+    scratch: ScratchDir | None,
+) -> tuple[torch.Tensor | None, ShardSpec]:
+    """:func:`full_graph_forward`, or with ``sink`` each chunk of logits given to it
+    instead of kept (``None`` for the logits then); with ``scratch``, the matrices below
+    the logits in its files."""
     plan = buffer_plan(model)
 
     def spec_of(matrix: Matrix) -> ShardSpec:
@@ -133,8 +180,10 @@ def _forward(
         features = graph.features[chunk.start : chunk.stop]
         return model.input_layer(features, chunk_spec, EVAL_STEP)[0]
 
+    hidden: torch.Tensor | ScratchMatrix | None
     if plan.owned:
-        hidden = _by_row_chunks(model, spec, chunk_rows, graph.features.dtype, project)
+        made = _Made(graph.features.dtype, scratch=scratch, name="input")
+        hidden = _by_row_chunks(model, spec, chunk_rows, made, project)
     else:
         hidden = graph.features  # every layout is the whole matrix: no copy
     if not model.layers:  # full_graph_counts gives no sink here
@@ -149,6 +198,12 @@ def _forward(
         then_matrix = None if last else plan.narrowed[index + 1]
         then = None if then_matrix is None else model.layers[index + 1]
         made_spec = out_spec if then_matrix is None else spec_of(then_matrix)
+        made = _Made(
+            graph.features.dtype,
+            sink if last else None,
+            None if last else scratch,
+            f"layer{index}",
+        )
         # _layer takes the only reference: the input is freed once the output is
         # complete, or once narrowed
         taken = [hidden]
@@ -160,9 +215,10 @@ def _forward(
             taken,
             made_spec,
             chunk_rows,
-            sink if last else None,
+            made,
         )
         spec, projection = out_spec, None
+    assert not isinstance(hidden, ScratchMatrix)  # the logits are never in scratch
     return hidden, spec
 
 
@@ -185,20 +241,32 @@ class _Pass:
     then: GraphLayer | None
 
 
+@dataclass(frozen=True)
+class _Made:
+    """Where the chunks of a whole-graph matrix go: a matrix of ``dtype`` in memory, each
+    chunk into ``sink`` instead, or a file of ``scratch`` named ``name``."""
+
+    dtype: torch.dtype
+    sink: ChunkSink | None = None
+    scratch: ScratchDir | None = None
+    name: str = ""
+
+
 def _layer(
     model: ParallelScaleGNN,
     graph: FullGraph,
     layer_pass: _Pass,
-    taken: list[torch.Tensor],
+    taken: list[torch.Tensor | ScratchMatrix],
     made_spec: ShardSpec,
     chunk_rows: int,
-    sink: ChunkSink | None,
-) -> torch.Tensor | None:
+    made: _Made,
+) -> torch.Tensor | ScratchMatrix | None:
     """``layer_pass`` on the whole graph, one chunk of output rows at a time, into a matrix of
     ``made_spec`` (the layer's output, the head's logits, or the next layer's narrowed
-    input), or each chunk into ``sink`` (then ``None``), from the layer input that
-    ``taken`` holds (the list is emptied, so that the input is freed here). A layer that
-    narrows reads only its narrowed input, which takes the input's place."""
+    input), made as ``made`` says, from the layer input that ``taken`` holds (the list is
+    emptied, so that the input is freed here). A layer that narrows reads only its
+    narrowed input, which takes the input's place. An input in a scratch file is
+    streamed (:class:`_StreamedProducts`)."""
     grid = model.runtime.grid
     coords = grid.coords
     layer, spec, projection = layer_pass.layer, layer_pass.spec, layer_pass.projection
@@ -210,7 +278,11 @@ def _layer(
     native = model.layer_tail.native  # the model's one switch for its native kernels
     adjacency_chunks = csr_row_chunks(graph.blocks[layer.plane], chunk_rows, count, native)
     layer_input = taken.pop()
-    if layer_pass.given_narrowed:
+    streamed: _StreamedProducts | None = None
+    narrowed = None
+    if isinstance(layer_input, ScratchMatrix):
+        streamed = _StreamedProducts(layer_input, adjacency_chunks, chunk_rows)
+    elif layer_pass.given_narrowed:
         narrowed = layer_input
     else:
         narrowed = layer.narrowed_input(layer_input, spec, projection)  # once for every chunk
@@ -221,49 +293,155 @@ def _layer(
         # The SpMM reads every input row; the spec only carries the layout and names the
         # chunk's rows, which the output keeps.
         input_spec = ShardSpec(layout, chunk.rows, spec.num_cols)
-        own = chunk.rows_of(layer_input, layout.rows, coords, input_start)
+        adjacency = adjacency_chunks[chunk.index]
+        if streamed is not None:
+            own = streamed.source.read_runs(chunk.local_runs(layout.rows, coords, input_start))
+            x = streamed.placeholder
+            adjacency = streamed.of(chunk)
+        else:
+            own = chunk.rows_of(layer_input, layout.rows, coords, input_start)
+            x = None if narrowed is not None else layer_input  # the narrowed input replaces it
         rows = EvaluationRows(own, projection, narrowed)
-        x = None if narrowed is not None else layer_input  # the narrowed input replaces it
-        inputs = LayerInput(x, input_spec, adjacency_chunks[chunk.index], rows)
-        out, layer_spec = layer(inputs, EVAL_STEP)
+        out, layer_spec = layer(LayerInput(x, input_spec, adjacency, rows), EVAL_STEP)
         if layer_pass.head is not None:
             return layer_pass.head(out, layer_spec)[0]
         if layer_pass.then is not None:  # narrowed while the chunk is in the cache
             return layer_pass.then.narrowed_input(out, layer_spec, None)
         return out
 
-    return _by_row_chunks(model, made_spec, chunk_rows, layer_input.dtype, compute, sink)
+    group = 1 if streamed is None else streamed.block_chunks
+    out = _by_row_chunks(model, made_spec, chunk_rows, made, compute, group)
+    if streamed is not None and made.scratch is not None:
+        made.scratch.release(streamed.source)
+    return out
+
+
+class _Aggregated:
+    """The local product of a chunk's adjacency rows ``rows`` with the layer input, made
+    apart (:class:`_StreamedProducts`): the
+    :class:`~dgl_scalegnn.parallel.spmm.LocalSpMM` a layer is handed with the input's
+    ``placeholder``, whose :meth:`matmul` gives ``product``; the row sums and the
+    structure are the rows' own."""
+
+    def __init__(self, rows: CSRRows, product: torch.Tensor, placeholder: torch.Tensor) -> None:
+        self.rows, self.product, self.placeholder = rows, product, placeholder
+        self.num_rows, self.num_cols = rows.num_rows, rows.num_cols
+
+    def matmul(self, features: torch.Tensor) -> torch.Tensor:
+        if features is not self.placeholder:
+            raise RuntimeError("a streamed evaluation multiplies its adjacency by its input only")
+        return self.product
+
+    def row_sums(self, like: torch.Tensor) -> torch.Tensor:
+        return self.rows.row_sums(like)
+
+    def structure(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rows.structure()
+
+
+class _StreamedProducts:
+    """The local products :math:`\\tilde A[R_k, :] X` of a layer's chunks whose input
+    shard :math:`X` is the scratch file ``source``, a block of
+    :attr:`block_chunks` consecutive chunks at a time.
+
+    A block's products start at zero; each piece of rows :math:`C` of the input is read
+    once (:func:`~dgl_scalegnn.evaluation.memory.stream_rows` rows, a buffer of its own)
+    and every entry of the block in those columns adds :math:`c_j x_j` to its row; the
+    rows are scaled by :math:`r_i` at the end, as the native loop computes
+    :math:`r_i \\sum_j c_j x_j` (here in pieces). So a rank holds a block of products
+    and a piece of the input, never the input: each block reads the whole file again.
+    """
+
+    def __init__(self, source: ScratchMatrix, adjacency: list[CSRRows], chunk_rows: int) -> None:
+        self.source, self.adjacency, self.chunk_rows = source, adjacency, chunk_rows
+        self.piece_rows = stream_rows(source.row_bytes)
+        self.block_chunks = max(1, self.piece_rows // chunk_rows)
+        self.placeholder = source.placeholder()
+        self._block: int | None = None
+        self._products: list[torch.Tensor] = []
+
+    def of(self, chunk: RowChunk) -> _Aggregated:
+        """The product of ``chunk``'s adjacency rows with the input, as a local SpMM."""
+        block = chunk.index // self.block_chunks
+        if block != self._block:
+            self._products = []  # the block before is freed first
+            self._products = self._block_products(block)
+            self._block = block
+        rows = self.adjacency[chunk.index]
+        return _Aggregated(rows, self._products[chunk.index % self.block_chunks], self.placeholder)
+
+    def _block_products(self, block: int) -> list[torch.Tensor]:
+        first = block * self.block_chunks
+        chunks = self.adjacency[first : first + self.block_chunks]
+        source = self.source
+        device, dtype = source.device, source.dtype
+        products = [
+            torch.zeros((rows.num_rows, source.cols), dtype=dtype, device=device) for rows in chunks
+        ]
+        structures = [rows.structure() for rows in chunks]
+        for start in range(0, source.rows, self.piece_rows):
+            stop = min(source.rows, start + self.piece_rows)
+            piece = source.read(start, stop)
+            for rows, (row_of, cols), product in zip(chunks, structures, products):
+                at = ((cols >= start) & (cols < stop)).nonzero().squeeze(1)
+                if not at.numel():
+                    continue
+                columns = cols.index_select(0, at)
+                terms = piece.index_select(0, columns - start)
+                if not rows.block.unit_scales:
+                    terms *= rows.block.col_scale.index_select(0, columns).to(dtype).unsqueeze(1)
+                product.index_add_(0, row_of.index_select(0, at), terms)
+            del piece
+        for rows, product in zip(chunks, products):
+            if not rows.block.unit_scales:
+                product *= rows.block.row_scale[rows.start : rows.stop].to(dtype).unsqueeze(1)
+        return products
 
 
 def _by_row_chunks(
     model: ParallelScaleGNN,
     spec: ShardSpec,
     chunk_rows: int,
-    dtype: torch.dtype,
+    made: _Made,
     compute: Callable[[RowChunk], torch.Tensor],
-    sink: ChunkSink | None = None,
-) -> torch.Tensor | None:
+    group: int = 1,
+) -> torch.Tensor | ScratchMatrix | None:
     """The local shard of the full-graph matrix ``spec``, filled chunk by chunk; with
-    ``sink``, each chunk and its spec given to it instead (then ``None``).
+    ``made.sink``, each chunk and its spec given to it instead (then ``None``); with
+    ``made.scratch``, a file of it (:class:`ScratchMatrix`).
 
-    The data-parallel replicas hold the same shard: each computes every ``Gd``-th chunk
-    (from its own index, so that high-degree rows spread over the replicas) into zeros,
-    and one all-reduce over the replicas completes the shard on each. Adding zeros is
-    exact, so every grid still computes what one process computes. A sink sees only its
-    replica's chunks.
+    The data-parallel replicas hold the same shard: each computes every ``Gd``-th
+    ``group`` of consecutive chunks (from its own index, so that high-degree rows spread
+    over the replicas) into zeros, and one all-reduce over the replicas completes the
+    shard on each. Adding zeros is exact, so every grid still computes what one process
+    computes. A sink sees only its replica's chunks; a file is written by each replica's
+    chunks where the replicas share it, else by every chunk of each.
     """
     runtime = model.runtime
     grid, replicas = runtime.grid, runtime.grid.dp_group
     device = spec.rows.vertex_ids.device
     axis = spec.layout.rows
     chunks = row_chunks(spec.rows.num_nodes, axis, grid.shape, grid.coords, chunk_rows, device)
-    mine = (chunk for chunk in chunks if chunk.index % replicas.size == replicas.index)
-    if sink is not None:
+    share = made.scratch is None or made.scratch.shared
+    mine = (
+        chunk
+        for chunk in chunks
+        if not share or chunk.index // group % replicas.size == replicas.index
+    )
+    if made.sink is not None:
         for chunk in mine:
-            sink(chunk, compute(chunk), ShardSpec(spec.layout, chunk.rows, spec.num_cols))
+            made.sink(chunk, compute(chunk), ShardSpec(spec.layout, chunk.rows, spec.num_cols))
         return None
     shape = spec.local_shape(grid.shape, grid.coords)
-    out = (torch.zeros if replicas.size > 1 else torch.empty)(shape, dtype=dtype, device=device)
+    if made.scratch is not None:
+        first_replica = grid.coords.along(spec.layout.rep) == 0
+        matrix = made.scratch.matrix(made.name, spec.layout, shape, made.dtype, first_replica)
+        for chunk in mine:
+            matrix.write(chunk.start, compute(chunk))
+        made.scratch.complete(matrix)
+        return matrix
+    zeros = replicas.size > 1
+    out = (torch.zeros if zeros else torch.empty)(shape, dtype=made.dtype, device=device)
     for chunk in mine:
         out[chunk.start : chunk.stop] = compute(chunk)
     return all_reduce(out, replicas, runtime.profiler, component="dp_allreduce")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,10 @@ __all__ = [
     "full_graph_memory",
     "full_graph_chunk_rows",
     "agreed_chunk_rows",
+    "STREAM_BUFFER_BYTES",
+    "stream_rows",
+    "scratch_bytes",
+    "streamed_memory",
 ]
 
 #: Output rows per chunk, shared out among the ranks of a TP grid: 64Ki rows of width 128
@@ -53,6 +58,10 @@ DEFAULT_CHUNK_ROWS = 65536
 #: 32768 at 1,325 MB, 8192 at 1,259 MB, all in 1.29-1.33 s a round; sparse 10M, second
 #: rounds: 17.3 s with 65536 rows, 18.0 s with 32768, 19.3 s with 8192.
 ONE_RANK_CHUNK_ROWS = 32768
+#: Bytes of each of the two buffers of a streamed evaluation's layer
+#: (:class:`~dgl_scalegnn.evaluation.layerwise._StreamedProducts`): a block of chunks'
+#: products, and a piece of the layer input read from its file.
+STREAM_BUFFER_BYTES = 1 << 27
 #: The fewest output rows per chunk and rank, however little memory is free.
 MIN_CHUNK_ROWS = 1024
 #: Share of an accelerator's free memory that one chunk's temporaries may take.
@@ -260,3 +269,58 @@ def agreed_chunk_rows(
         return rows
     mine = torch.tensor([rows], dtype=torch.int64, device=graph.features.device)
     return int(reduce_over_world(mine, dist.ReduceOp.MIN).item())
+
+
+def stream_rows(row_bytes: int) -> int:
+    """Rows of ``row_bytes`` each in a buffer of :data:`STREAM_BUFFER_BYTES` (at least one).
+
+    >>> stream_rows(256)
+    524288
+    """
+    return max(1, STREAM_BUFFER_BYTES // max(1, row_bytes))
+
+
+def _stored_sizes(model: ParallelScaleGNN, graph: FullGraph) -> tuple[list[Matrix], list[int]]:
+    """The matrices a streamed evaluation keeps in files (the first input, then each
+    layer's output below the last) and their bytes on this rank."""
+    grid = model.runtime.grid
+    element = graph.features.element_size()
+    plan = buffer_plan(model)
+    stored = [plan.first, *plan.outputs[:-1]]
+    sizes = [
+        math.prod(ShardSpec(m.layout, graph.rows, m.width).local_shape(grid.shape, grid.coords))
+        * element
+        for m in stored
+    ]
+    return stored, sizes
+
+
+def scratch_bytes(model: ParallelScaleGNN, graph: FullGraph) -> tuple[int, int]:
+    """The most bytes of scratch files a streamed evaluation of ``graph`` holds at once
+    for this rank: a layer's input and output (the first layer's input alone where
+    there is one layer), ``(alone, shared)``: where each rank writes its own files, and
+    this rank's part where the ranks that hold the same shard share one (the first
+    replica along the matrix's replicated axis, of the first data-parallel replica,
+    counts it)."""
+    stored, sizes = _stored_sizes(model, graph)
+    coords = model.runtime.grid.coords
+    mine = [
+        size if coords.along(m.layout.rep) == 0 and coords.d == 0 else 0
+        for m, size in zip(stored, sizes)
+    ]
+
+    def peak(values: list[int]) -> int:
+        return max([values[0], *(a + b for a, b in pairwise(values))])
+
+    return peak(sizes), peak(mine)
+
+
+def streamed_memory(model: ParallelScaleGNN, graph: FullGraph) -> ChunkMemory:
+    """What a streamed evaluation of ``graph`` takes on this rank:
+    :func:`full_graph_memory`'s chunk, beside its two stream buffers
+    (:data:`STREAM_BUFFER_BYTES` each, their index temporaries within) in place of the
+    whole-graph matrices, and the ids of every vertex."""
+    memory = full_graph_memory(model, graph)
+    ids = graph.rows.vertex_ids
+    reserved = 2 * STREAM_BUFFER_BYTES + ids.numel() * ids.element_size()
+    return ChunkMemory(memory.row_bytes, reserved)
