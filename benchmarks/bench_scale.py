@@ -58,9 +58,9 @@ whose prepared graphs and partitions are kept and reused, and the methods run
 (``--methods``, by :data:`METHOD_KEYS`: ``ours-gin,dgl-gin-ns`` runs those two rows and
 only the sweeps they need). A run of some methods takes the other rows, with their
 sweeps, from an earlier results file of the same sizes, budget and seeds (``--reuse
-benchmarks/results/bench_scale.json``), and the report says which rows are reused: their
-times were measured in that run, so a ratio between a reused row and a new one spans
-two runs.
+benchmarks/results/bench_scale.json``), and the graphs not run (``--graphs``) whole; the
+report says which rows are reused: their times were measured in that run, so a ratio
+between a reused row and a new one spans two runs.
 
 Outputs: ``benchmarks/results/bench_scale.json``, ``bench_scale_<graph>.png`` and
 ``bench_scale.md`` (:mod:`benchmarks.scale_report`).
@@ -563,7 +563,8 @@ def _sweep_text(rows: list[dict[str, Any]]) -> str:
 
 
 def earlier_results(path: Path, p: Plan) -> dict[str, dict[str, Any]]:
-    """Each graph's report in the results file ``path`` of an earlier run (``--reuse``).
+    """Each graph's report in the results file ``path`` of an earlier run (``--reuse``):
+    ``p``'s graphs among them, and any other, which this run keeps as it was.
 
     Raises
     ------
@@ -586,7 +587,7 @@ def earlier_results(path: Path, p: Plan) -> dict[str, dict[str, Any]]:
             )
     if missing := [name for name in p.graphs if name not in payload.get("graphs", {})]:
         raise BenchError(f"--reuse {path} has no graph {missing[0]!r}: run every method")
-    return {name: payload["graphs"][name] for name in p.graphs}
+    return payload["graphs"]
 
 
 def main(settings: ScaleSettings | None = None) -> dict[str, Any]:
@@ -619,8 +620,12 @@ def main(settings: ScaleSettings | None = None) -> dict[str, Any]:
             graphs[name]["setup_s"] = {**graph.setup_s, "partition_method": partition}
             if earlier:
                 graphs[name] = with_reused_rows(graphs[name], earlier[name], str(settings.reuse))
+    for name, report in (earlier or {}).items():  # a graph not run here: all of it reused
+        if name not in graphs:
+            reused = {"from": str(settings.reuse), "methods": list(report["runs"])}
+            graphs[name] = {**report, "reused": reused}
     payload = {
-        "plan": {**dataclasses.asdict(p), "batch_size": p.batch_size},
+        "plan": {**dataclasses.asdict(p), "batch_size": p.batch_size, "graphs": list(graphs)},
         "minutes": (time.perf_counter() - start) / 60,
         "graphs": graphs,
     }

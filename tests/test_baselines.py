@@ -461,7 +461,8 @@ def test_bench_scale_runs_the_methods_asked_for_and_reuses_the_other_rows(
     assert bench_scale.METHODS[7] == gin
     assert list(merged["runs"]) == [*bench_scale.METHODS[:8], dgl_gin]
     assert merged["runs"][gin] == report["runs"][gin]  # the new run, not the earlier one
-    assert merged["sweeps"]["graphsage"] == [] and len(merged["sweeps"][gin]) == 2
+    assert merged["sweeps"]["graphsage"] == []
+    assert len(merged["sweeps"][gin]) == len(plan.ours_grid("gin"))
     assert merged["reused"]["methods"] == list(bench_scale.METHODS[:7])
     payload = {
         "plan": dataclasses.asdict(plan) | {"batch_size": plan.batch_size},
@@ -472,6 +473,45 @@ def test_bench_scale_runs_the_methods_asked_for_and_reuses_the_other_rows(
     text = scale_report.markdown(payload)
     assert f"| {bench_scale.METHODS[4]} (earlier run) | 1 |" in text
     assert f"| {gin} | 1 |" in text and "earlier.json's, not run here" in text
+
+
+def test_bench_scale_keeps_the_graphs_it_does_not_run_from_the_file_it_reuses(
+    monkeypatch, tmp_path
+) -> None:
+    """``--graphs sparse --methods ours-gin --reuse FILE``: sparse's GIN row is new, its
+    other rows and the whole products-like report are the file's, marked reused."""
+    gin = bench_scale.METHOD_KEYS["ours-gin"]
+    plan = dataclasses.asdict(bench_scale.plan())
+    old_runs = {m: [_run([(5, 3.0, 0.8)], 1.0, [10.0])] for m in bench_scale.METHODS[:8]}
+    graphs = {
+        name: {"config": "c", "setup_s": {}, "runs": old_runs, "sweeps": {}}
+        for name in plan["graphs"]
+    }
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"plan": plan, "graphs": graphs}))
+    new_gin = _run([(9, 20.0, 0.81)], 1.0, [10.0])
+    monkeypatch.setattr(
+        bench_scale, "setup_graph", lambda *args, **kwargs: (SimpleNamespace(setup_s={}), {})
+    )
+    monkeypatch.setattr(
+        bench_scale,
+        "run_graph",
+        lambda graph, p, log_dir, methods: {"config": "c", "runs": {gin: [new_gin]}, "sweeps": {}},
+    )
+    written = {}
+    monkeypatch.setattr(bench_scale, "write_results", lambda name, payload: written.update(payload))
+    monkeypatch.setattr(bench_scale.scale_report, "write", lambda payload, path: None)
+    settings = bench_scale.ScaleSettings(
+        graphs=("sparse",), methods=(gin,), reuse=earlier, work=tmp_path / "work"
+    )
+    bench_scale.main(settings)
+    sparse, products = written["graphs"]["sparse"], written["graphs"]["products-like"]
+    assert sparse["runs"][gin] == [new_gin] and sparse["reused"]["methods"] == list(
+        bench_scale.METHODS[:7]
+    )
+    assert products["runs"] == old_runs and products["reused"]["methods"] == list(old_runs)
+    assert written["plan"]["graphs"] == ["sparse", "products-like"]
+    assert written["analysis"]["sparse"]["methods"][gin]["test_acc"]["mean"] == 0.81
 
 
 def test_bench_scale_refuses_a_partial_run_without_rows_to_reuse(tmp_path, capsys) -> None:
