@@ -53,6 +53,7 @@ from dgl_scalegnn.model.layers import Head, InputProjection
 from dgl_scalegnn.model.objective import Objective, split_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.parallel.spmm import csr_tensor
 from dgl_scalegnn.sampling.store import FullGraph
 
 __all__ = ["EVAL_STEP", "full_graph_forward", "full_graph_counts", "streams"]
@@ -346,10 +347,11 @@ class _StreamedProducts:
 
     A block's products start at zero; each piece of rows :math:`C` of the input is read
     once (:func:`~dgl_scalegnn.evaluation.memory.stream_rows` rows, a buffer of its own)
-    and every entry of the block in those columns adds :math:`c_j x_j` to its row; the
-    rows are scaled by :math:`r_i` at the end, as the native loop computes
-    :math:`r_i \\sum_j c_j x_j` (here in pieces). So a rank holds a block of products
-    and a piece of the input, never the input: each block reads the whole file again.
+    and each chunk's entries in those columns, as a CSR of values :math:`c_j`, add their
+    product with the piece; the rows are scaled by :math:`r_i` at the end, as the native
+    loop computes :math:`r_i \\sum_j c_j x_j` (here a sum of pieces' sums).
+    So a rank holds a block of products and a piece of the input, never the input:
+    each block reads the whole file again.
     """
 
     def __init__(self, source: ScratchMatrix, adjacency: list[CSRRows], chunk_rows: int) -> None:
@@ -387,10 +389,15 @@ class _StreamedProducts:
                 if not at.numel():
                     continue
                 columns = cols.index_select(0, at)
-                terms = piece.index_select(0, columns - start)
-                if not rows.block.unit_scales:
-                    terms *= rows.block.col_scale.index_select(0, columns).to(dtype).unsqueeze(1)
-                product.index_add_(0, row_of.index_select(0, at), terms)
+                counts = torch.bincount(row_of.index_select(0, at), minlength=rows.num_rows)
+                crow = torch.zeros(rows.num_rows + 1, dtype=columns.dtype, device=device)
+                torch.cumsum(counts, 0, out=crow[1:])
+                if rows.block.unit_scales:
+                    values = torch.ones(at.numel(), dtype=dtype, device=device)
+                else:
+                    values = rows.block.col_scale.index_select(0, columns).to(dtype)
+                shape = (rows.num_rows, stop - start)
+                product += csr_tensor(crow, columns - start, values, shape) @ piece
             del piece
         for rows, product in zip(chunks, products):
             if not rows.block.unit_scales:

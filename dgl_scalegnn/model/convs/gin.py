@@ -31,6 +31,12 @@ sampled count over the ranks of the row's column blocks in one all-reduce. With 
 neighbour in the batch (a full batch, or an evaluation, whose blocks are the whole
 graph's) both are the exact sum: :math:`d_v / (\\tilde A_S \\mathbf 1)_v = 1`.
 
+``residual_from: aggregated`` adds the MLP's input :math:`(1 + \\epsilon) X + A X`, a
+sum whose scale grows with the degree: under sampling most rows draw few neighbours or
+none, so training sees that residual near the scale of :math:`X`, the full-graph
+evaluation at about :math:`d_v` times it (``docs/results.md`` measures GIN with and
+without the residual).
+
 Input ``(r, c, o)``: the SpMM gives ``(o, c, r)`` and the layer input moves there for
 :math:`(1 + \\epsilon) X`; :math:`W_1` gives ``(o, r, c)`` and :math:`W` ``(o, c, r)``.
 Three products, so the layer output is not GCN's rotation: the next layer's SpMM reads
