@@ -153,7 +153,7 @@ def test_plan_answers_for_8_and_512_gpus(capsys):
         best, batch = lines[4].split()[1:3]
         assert lines[15].startswith(f"{best}: ") and "fewer" in lines[15]
         batch = batch.replace(",", "")
-        assert lines[16].endswith(f"with --grid {best} --set sampling.batch_size={batch}.")
+        assert lines[17] == f"train the first: --grid {best} --set sampling.batch_size={batch}"
 
 
 def test_plan_refuses_no_ranks_in_one_line(capsys):

@@ -255,19 +255,27 @@ class MeasureSizes:
 
 #: What :func:`calibrate` measures unless told: about half a minute on 2 cores.
 DEFAULT_SIZES = MeasureSizes()
+#: The rounds each kernel's and collective's repeats are timed in.
+ROUNDS = 5
 
 # ------------------------------------------------------------------ one rank's work
 
 
 def _seconds(work: Callable[[], object], repeats: int, together: Callable[[], None]) -> float:
-    """Wall-clock seconds of one call of ``work`` over ``repeats`` calls, after one
-    warm-up call, every rank starting at once (``together``: a barrier, or nothing)."""
+    """Wall-clock seconds of one call of ``work``: the median over :data:`ROUNDS` rounds
+    of ``repeats / ROUNDS`` calls (a burst of other work on the host moves one round, not
+    the figure), every rank starting each round at once (``together``: a barrier, or
+    nothing), after one warm-up call."""
     work()
-    together()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        work()
-    return (time.perf_counter() - start) / repeats
+    calls = max(1, repeats // ROUNDS)
+    rounds = []
+    for _ in range(ROUNDS):
+        together()
+        start = time.perf_counter()
+        for _ in range(calls):
+            work()
+        rounds.append((time.perf_counter() - start) / calls)
+    return statistics.median(rounds)
 
 
 def _gemm_flops(sizes: MeasureSizes, together: Callable[[], None]) -> float:

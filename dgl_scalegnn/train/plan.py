@@ -478,10 +478,10 @@ def plan_lines(plans: list[GridPlan], work: Workload, spec: Machine, top: int = 
     lines.append(why_best(plans, spec))
     best = plans[0]
     lines.append(
-        f"Every step is one update of a global batch of {work.batch_size:,} vertices "
-        "(sampling.batch_size): a grid of Gd groups draws 'batch' in each. Train the first "
-        f"with --grid {best.grid} --set sampling.batch_size={best.batch_size}."
+        f"Every step is one update of {work.batch_size:,} vertices (sampling.batch_size): "
+        "a grid of Gd groups draws 'batch' in each."
     )
+    lines.append(f"train the first: --grid {best.grid} --set sampling.batch_size={best.batch_size}")
     if best.global_batch > 1.01 * work.batch_size:
         lines.append(
             f"{best.grid}'s {best.grid.dp} groups draw at least 2 vertices each: "
