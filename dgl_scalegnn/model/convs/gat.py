@@ -22,13 +22,15 @@ Attention dropout (``model.gat_attn_dropout``) drops :math:`\\alpha^h_{uv}` by a
 the step, the layer, the edge's global ends and the head: every grid drops the same.
 
 **Under uniform vertex sampling** the softmax runs over the sampled neighbours (the self
-loop always among them): :math:`P^h_v` is then the attention-weighted mean of
-:math:`z^h_u` over :math:`N(v) \\cap S`, a ratio of two sums over the same sample,
-:math:`\\sum_{u \\in S} w_{uv} z_u / \\sum_{u \\in S} w_{uv}` with :math:`w_{uv} = \\exp
-e_{uv}`, whose numerator and denominator are each :math:`p` times unbiased estimates of
-the full graph's: a ratio estimator of the full-graph attention aggregate, biased (its
-bias shrinks as :math:`1/(p \\deg v)`), never far off scale, and exact where every
-neighbour is in the batch (evaluation, a full batch). ``tests/test_convs.py`` measures it.
+loop always among them), as DGL's neighbour-sampled ``GATConv`` does: :math:`P^h_v` is
+then the attention-weighted mean of :math:`z^h_u` over :math:`(N(v) \\cap S) \\cup
+\\{v\\}`, a ratio of two sums over the same sample, :math:`\\sum_{u \\in S} w_{uv} z_u /
+\\sum_{u \\in S} w_{uv}` with :math:`w_{uv} = \\exp e_{uv}`, in which the self loop always
+counts and each neighbour with probability :math:`p`: a ratio estimator of the
+full-graph attention aggregate, biased towards :math:`z_v` (the self loop's share of the
+attention is above the full graph's where few neighbours are drawn), its bias shrinking
+as :math:`p` grows, and exact where every neighbour is in the batch (evaluation, a full
+batch). ``tests/test_gat.py`` measures its error and bias.
 
 Input ``(r, c, o)``: :math:`X W` gives ``(r, o, c)`` (rows along ``r``, the heads' columns
 along ``o``), and the SpMM of the attention reads plane ``(c, r)``, giving ``(c, o, r)``
