@@ -27,6 +27,8 @@ KIPF = {"input_projection": False, "head": False, "norm": False, "residual": Fal
         ("2x1x3x1", False, {"bias": True, "conv": "sage"}),
         ("1x2x1x2", True, {"conv": "gin", "gin_learn_eps": True}),
         ("1x2x2x2", False, KIPF),
+        # GAT's heads split over the ranks of a row's columns (5 columns a head, 10 a rank)
+        ("1x2x1x2", False, {"conv": "gat", "gat_heads": 4, "gat_residual": True}),
     ],
 )
 def test_predicted_bytes_within_5_percent_of_counted(tmp_path, grid, bf16, model):

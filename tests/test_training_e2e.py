@@ -200,7 +200,7 @@ def test_a_checkpoint_resumes_into_its_own_model_only(tmp_path, capsys):
     assert "model.head: True in the checkpoint, False in this run" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("conv", ["sage", "gin"])
+@pytest.mark.parametrize("conv", ["sage", "gin", "gat"])
 def test_each_layer_type_trains_evaluates_and_resumes_on_another_grid(tmp_path, conv):
     """``--set model.conv=sage`` (or another type) trains from the CLI on a grid with two TP
     ranks, evaluates, and its checkpoint resumes on another grid with the same losses
