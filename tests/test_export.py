@@ -2,11 +2,11 @@
 on one process what the distributed evaluation computed.
 
 Oracle: the distributed full-graph evaluation itself (8 ranks), its logits shards
-assembled and mapped back from the prepared vertex order to the graph's. Four models:
+assembled and mapped back from the prepared vertex order to the graph's. Five models:
 the paper's (projection, RMSNorm, residuals, head, biases) on row-scaled features (a
 ``dgl`` file's default), DGL's GCN stack on standardised features (their columns'
 statistics over the training graph are recorded by the export), and the paper's model
-with SAGE and with GIN layers.
+with SAGE, with GIN and with GAT layers.
 """
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ MODELS = {
     # learnt epsilon (a replicated scalar) gathered from the shards
     "sage-row": ({"conv": "sage", "hidden": 13, "layers": 2, "dropout": 0.3}, "auto"),
     "gin-row": ({"conv": "gin", "gin_learn_eps": True, "hidden": 8, "layers": 2}, "auto"),
+    # GAT's attention over the whole graph on one process, DGL's residual beside the tail's
+    "gat-row": (
+        {"conv": "gat", "gat_heads": 2, "gat_residual": True, "hidden": 8, "layers": 2},
+        "auto",
+    ),
 }
 
 
