@@ -173,6 +173,8 @@ class Collective:
 class _Rank:
     """Expected local sizes of one rank."""
 
+    sampled = True
+
     def __init__(self, work: Workload, shape: GridShape, coords: Coords) -> None:
         self.work, self.shape, self.coords = work, shape, coords
 
@@ -387,6 +389,8 @@ class EvalStage:
 class _ChunkSizes:
     """Local sizes of the average chunk of a stage: ``whole``'s rows (every vertex a row)
     shared out over ``chunks``."""
+
+    sampled = False
 
     def __init__(self, whole: _Rank, chunks: int) -> None:
         self.whole, self.chunks = whole, chunks

@@ -44,7 +44,11 @@ class CollectiveCost:
 
 
 class LocalSizes(Protocol):
-    """Expected local extents of one rank's shards of a batch."""
+    """Expected local extents of one rank's shards of a batch; ``sampled`` is whether
+    the rows are a sampled batch (a training step) rather than the whole graph (an
+    evaluation's chunk), where an estimator of a sample has nothing to rescale."""
+
+    sampled: bool
 
     def rows(self, axis: Axis) -> float:
         """Batch rows of this rank's part of the vertex range split along ``axis``."""
@@ -65,6 +69,7 @@ class UniformSizes:
 
     rows_per_part: float
     parts: int
+    sampled: bool = True
 
     def rows(self, axis: Axis) -> float:
         return self.rows_per_part

@@ -181,7 +181,7 @@ class GINLayer(GraphLayer):
         aggregated = layout.after_spmm()
         inner = aggregated.after_linear()
         costs = spmm_cost(layout, widths.width_in, sizes, needs_dx)
-        if cfg.gin_sum == "degree_mean":  # the sampled count and degree, forward only
+        if cfg.gin_sum == "degree_mean" and sizes.sampled:  # count and degree, forward only
             costs.append(
                 CollectiveCost(layout.rows, 2 * sizes.rows(layout.rep), low_precision=True)
             )
