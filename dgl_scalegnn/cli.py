@@ -290,8 +290,8 @@ def _parser() -> argparse.ArgumentParser:
         "mark the ones that do not fit a rank's memory, and say why the first wins.\n"
         "--gpu cpu plans this host's ranks with its calibration for --gpus ranks where\n"
         "one was saved (--calibrate measures one, under a minute).",
-        epilog="examples:\n  scalegnn plan --config yaml/ogbn-products.yaml --gpus 8 --gpu a100\n"
-        "  scalegnn plan --config yaml/synthetic-1m.yaml --gpus 8 --calibrate",
+        epilog="example:\n  scalegnn plan --config yaml/ogbn-products.yaml --gpus 8 --gpu a100\n"
+        "  scalegnn plan --config yaml/synthetic-1m.yaml --gpus 8 --calibrate   # this host",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument("--config", help="YAML config file (defaults for anything it omits)")
