@@ -376,6 +376,9 @@ class Trainer:
         or a stop signal; returns the summary."""
         cfg, progress = self.cfg, self.progress
         self._announce()
+        # every rank starts the clock together: the last to finish loading would
+        # otherwise count its wait against the others' first step (train.max_train_s)
+        reduce_over_world(torch.zeros(1, device=self.device)).item()
         reached = False
         preempted: Preempted | None = None
         if cfg.sampling.prefetch:
