@@ -124,15 +124,17 @@ def saint_grid(num_nodes: int) -> list[dict[str, Any]]:
 
 
 def _ours(path: str, seed: int, extra: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """``scalegnn train --data path`` (plus ``extra`` sections) with seed ``seed``."""
+    """``scalegnn train --data path`` (plus the keys of ``extra``'s sections) with seed
+    ``seed``."""
     from dgl_scalegnn.train.run import run_training
 
-    mapping = {
+    mapping: dict[str, dict[str, Any]] = {
         "data": {"name": "dgl", "path": path},
         "train": {"seed": seed, "progress": False},
         "sampling": {"seed": seed},
-        **{section: dict(values) for section, values in extra.items()},
     }
+    for section, values in extra.items():  # beside the seeds, not over them
+        mapping[section] = {**mapping.get(section, {}), **values}
     with contextlib.redirect_stdout(io.StringIO()):
         summary = run_training(config_from_mapping(mapping))
     return {
