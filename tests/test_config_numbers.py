@@ -70,6 +70,8 @@ def test_the_float_keys_are_found():
         "model.input_dropout": 0.0,
         "model.rms_eps": 1e-6,
         "model.gin_eps": 0.0,
+        "model.gat_negative_slope": 0.2,
+        "model.gat_attn_dropout": 0.0,
         "train.target_acc": None,
         "train.max_train_s": None,
         "parallel.timeout_s": 300.0,

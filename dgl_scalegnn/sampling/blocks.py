@@ -30,6 +30,7 @@ from dgl_scalegnn.parallel.spmm import BlockCOO, LocalSpMM
 from dgl_scalegnn.sampling.uniform import EdgeScaling
 
 __all__ = [
+    "FULL_DEGREE",
     "CSRBlock",
     "Candidates",
     "SampledBlock",
@@ -44,6 +45,13 @@ __all__ = [
 
 
 _TENSOR_FIELDS = ("indptr", "indices", "row_scale", "col_scale")
+
+
+#: The ``ndata`` key of a sampled DGL subgraph's in-degrees in the graph it was drawn
+#: from (:class:`~dgl_scalegnn.sampling.dgl_loader.UniformVertexSampler`): what GIN's
+#: ``model.gin_sum: degree_mean`` scales the sampled neighbours' mean to, as
+#: :attr:`SampledBlock.row_lengths` does on the grid.
+FULL_DEGREE = "full_degree"
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,10 @@ import torch
 
 from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.data.normalize import csr_row_ids, gcn_normalize, renormalize_block
+from dgl_scalegnn.sampling.blocks import FULL_DEGREE
 from dgl_scalegnn.sampling.uniform import UniformSampler
 
-__all__ = ["norm_graph", "UniformVertexSampler", "FULL_DEGREE"]
-
-#: The ``ndata`` key of a sampled subgraph's in-degrees in the graph it was drawn from
-#: (:meth:`UniformVertexSampler.sample`): what GIN's ``model.gin_sum: degree_mean``
-#: scales the sampled neighbours' mean to.
-FULL_DEGREE = "full_degree"
+__all__ = ["norm_graph", "UniformVertexSampler"]
 
 
 def norm_graph(

@@ -59,8 +59,7 @@ from dgl_scalegnn.parallel.norm import reduce_grad, reduce_grad_cost
 from dgl_scalegnn.parallel.partition import ShardSpec
 from dgl_scalegnn.parallel.products import linear_cost, parallel_linear, spmm_cost
 from dgl_scalegnn.parallel.redistribute import redistribute_cost
-from dgl_scalegnn.sampling.blocks import SampledBlock
-from dgl_scalegnn.sampling.dgl_loader import FULL_DEGREE
+from dgl_scalegnn.sampling.blocks import FULL_DEGREE, SampledBlock
 
 __all__ = ["GINLayer", "degree_mean"]
 
