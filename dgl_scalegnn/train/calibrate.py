@@ -328,7 +328,7 @@ def _sampler_costs(sizes: MeasureSizes, together: Callable[[], None]) -> tuple[f
     entries a row): the ``B = N / 100`` of the shipped configs."""
     from dgl_scalegnn.parallel.spmm import build_local_spmm
     from dgl_scalegnn.sampling.blocks import ColumnMap, extract_block
-    from dgl_scalegnn.sampling.uniform import inclusion_probability, sample_vertices
+    from dgl_scalegnn.sampling.uniform import UniformSampler, sample_vertices
 
     generator = torch.Generator().manual_seed(0)
     batch = max(2, sizes.rows // 2)
@@ -336,7 +336,7 @@ def _sampler_costs(sizes: MeasureSizes, together: Callable[[], None]) -> tuple[f
     csr = _random_csr(num_nodes, sizes.degree, generator)
     features = torch.randn(8 * batch, 64)  # the rows are read at random, as a rank's share
     column_map = ColumnMap(num_nodes)
-    p = inclusion_probability(num_nodes, batch)
+    p = UniformSampler(num_nodes, batch).scaling().p
     steps = iter(range(1 << 30))
     sample = sample_vertices(num_nodes, batch, 0)
 
