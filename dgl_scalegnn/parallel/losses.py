@@ -12,7 +12,9 @@ import torch.distributed as dist
 from dgl_scalegnn.core.cost import CollectiveCost, LocalSizes
 from dgl_scalegnn.core.layout import Layout
 from dgl_scalegnn.distributed.comm import Runtime, all_reduce
+from dgl_scalegnn.distributed.grid import CommGroup
 from dgl_scalegnn.parallel.partition import ShardSpec
+from dgl_scalegnn.profiling import Profiler
 
 __all__ = [
     "parallel_cross_entropy",
@@ -21,6 +23,40 @@ __all__ = [
     "bce_cost",
     "parallel_argmax",
 ]
+
+
+def _shifted(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    class_start: int,
+    class_group: CommGroup,
+    profiler: Profiler,
+) -> tuple[torch.Tensor, ...]:
+    """What both cross-entropies start from, for float32 ``logits`` holding the classes
+    from ``class_start`` on: ``shifted`` (the logits less their row's maximum over
+    ``class_group``), its ``exp``, whether this rank holds each row's label (``owned``,
+    ``(rows, 1)``), its local ``column`` and the label's shifted logit (``target``, 0
+    where another rank holds it). Gathers and selects, no boolean indexing: no host
+    synchronisation."""
+    with profiler.region("elementwise"):
+        row_max = (
+            logits.max(dim=1, keepdim=True).values
+            if logits.shape[1]
+            else logits.new_full((logits.shape[0], 1), -torch.inf)
+        )
+    row_max = all_reduce(row_max, class_group, profiler, op=dist.ReduceOp.MAX)
+    with profiler.region("elementwise"):
+        shifted = logits - row_max
+        exp = shifted.exp()
+        local_class = labels - class_start
+        owned = ((local_class >= 0) & (local_class < logits.shape[1])).unsqueeze(1)
+        column = local_class.clamp(0, max(logits.shape[1] - 1, 0)).unsqueeze(1)
+        target = (
+            torch.where(owned, shifted.gather(1, column), 0.0)
+            if logits.shape[1]
+            else torch.zeros_like(row_max)
+        )
+    return shifted, exp, owned, column, target
 
 
 class _CrossEntropyFn(torch.autograd.Function):
@@ -37,25 +73,8 @@ class _CrossEntropyFn(torch.autograd.Function):
         profiler, grid = runtime.profiler, runtime.grid
         class_group, row_group = grid.group(layout.cols), grid.group(layout.rows)
         logits = logits.float()
+        _, exp, owned, column, target = _shifted(logits, labels, class_start, class_group, profiler)
         with profiler.region("elementwise"):
-            row_max = (
-                logits.max(dim=1, keepdim=True).values
-                if logits.shape[1]
-                else logits.new_full((logits.shape[0], 1), -torch.inf)
-            )
-        row_max = all_reduce(row_max, class_group, profiler, op=dist.ReduceOp.MAX)
-        with profiler.region("elementwise"):
-            shifted = logits - row_max
-            exp = shifted.exp()
-            # Gathers and selects, no boolean indexing: no host synchronisation.
-            local_class = labels - class_start
-            owned = ((local_class >= 0) & (local_class < logits.shape[1])).unsqueeze(1)
-            column = local_class.clamp(0, max(logits.shape[1] - 1, 0)).unsqueeze(1)
-            target = (
-                torch.where(owned, shifted.gather(1, column), 0.0)
-                if logits.shape[1]
-                else torch.zeros_like(row_max)
-            )
             stats = torch.cat((exp.sum(dim=1, keepdim=True), target), dim=1)
         stats = all_reduce(stats, class_group, profiler)
         with profiler.region("elementwise"):
@@ -101,24 +120,10 @@ class _WeightedCrossEntropyFn(torch.autograd.Function):
         class_group, row_group = grid.group(layout.cols), grid.group(layout.rows)
         logits = logits.float()
         local_weights = weights[class_start : class_start + logits.shape[1]].float()
+        shifted, exp, owned, column, target = _shifted(
+            logits, labels, class_start, class_group, profiler
+        )
         with profiler.region("elementwise"):
-            row_max = (
-                logits.max(dim=1, keepdim=True).values
-                if logits.shape[1]
-                else logits.new_full((logits.shape[0], 1), -torch.inf)
-            )
-        row_max = all_reduce(row_max, class_group, profiler, op=dist.ReduceOp.MAX)
-        with profiler.region("elementwise"):
-            shifted = logits - row_max
-            exp = shifted.exp()
-            local_class = labels - class_start
-            owned = ((local_class >= 0) & (local_class < logits.shape[1])).unsqueeze(1)
-            column = local_class.clamp(0, max(logits.shape[1] - 1, 0)).unsqueeze(1)
-            target = (
-                torch.where(owned, shifted.gather(1, column), 0.0)
-                if logits.shape[1]
-                else torch.zeros_like(row_max)
-            )
             weighted = (shifted * local_weights).sum(dim=1, keepdim=True)
             stats = torch.cat((exp.sum(dim=1, keepdim=True), target, weighted), dim=1)
         stats = all_reduce(stats, class_group, profiler)
