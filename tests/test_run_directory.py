@@ -23,6 +23,7 @@ from dgl_scalegnn.cli import main as cli_main
 from dgl_scalegnn.data import locks
 from dgl_scalegnn.data.locks import FileLock, Holder, LockHeld
 from dgl_scalegnn.train.metrics import read_metrics
+from dgl_scalegnn.train.run_lock import LOCK_NAME
 from tests.helpers import step_losses
 from tests.ranks import RankGroup, spawn_ranks, start_ranks
 
@@ -63,6 +64,23 @@ def _wait_for_steps(metrics: Path, count: int, job: RankGroup) -> None:
         time.sleep(0.1)
 
 
+def _holder_pid(lock: Path) -> int | None:
+    try:
+        return json.loads(lock.read_text())["pid"]
+    except (FileNotFoundError, ValueError, KeyError):  # not there, or being written
+        return None
+
+
+def _wait_for_lock(lock: Path, pid: int, job: RankGroup) -> None:
+    """Until ``lock`` records ``pid`` as its holder: the job holds its directory (it
+    takes the lock before it loads anything, so stopped there it cannot finish)."""
+    deadline = time.monotonic() + 120
+    while _holder_pid(lock) != pid:
+        assert job.processes[0].is_alive(), f"the job ended before its lock: {job.output(0)}"
+        assert time.monotonic() < deadline, "no lock within 120 s"
+        time.sleep(0.01)
+
+
 def test_an_output_dir_that_is_a_file_is_refused_before_training(tmp_path, capsys):
     """Probe 12: before, the run trained and then died in a ``NotADirectoryError`` trace
     at its first checkpoint."""
@@ -91,7 +109,7 @@ def test_a_second_job_on_a_run_directory_is_refused_on_every_rank(tmp_path, caps
     first_argv = [_train(first_config, first_metrics)]
     with start_ranks(1, "dgl_scalegnn.cli:main", first_argv, tmp_path / "first") as first:
         first_pid = first.processes[0].pid
-        _wait_for_steps(first_metrics, 1, first)
+        _wait_for_lock(run / LOCK_NAME, first_pid, first)
         os.kill(first_pid, signal.SIGSTOP)  # it cannot end while the second one starts
         try:
             second = spawn_ranks(
