@@ -151,6 +151,8 @@ class Job:
         self.requests = SignalRequests()
         self._signals = self.requests.installed()
         self._locks: list[Any] = []
+        #: The evaluator :func:`evaluate` chose for each model, batches and method.
+        self.evaluators: dict[tuple[Any, ...], Any] = {}
 
     def claim(self, directory: str | os.PathLike[str]) -> None:
         """Make ``directory`` this job's alone until it ends (collective): its lock, as
@@ -381,18 +383,22 @@ def evaluate(
 ) -> dict[str, float | None]:
     """Full-graph accuracy of every split (micro-F1 if multi-label), the same on every
     rank (collective): ``how`` is ``train.evaluation`` (``auto``: the layer-wise
-    evaluation where every rank has room for it, else in neighbourhoods)."""
-    local_ranks = job.session.launch.local_world_size or 1
+    evaluation where every rank has room for it, else in neighbourhoods). The engine is
+    chosen at the first call for ``model``, ``batches`` and ``how`` and kept."""
+    key = (model, batches, how)
+    if key not in job.evaluators:  # chosen once, as the trainer does: its note said once
+        local_ranks = job.session.launch.local_world_size or 1
 
-    def available() -> tuple[int, str]:
-        return agreed_available_bytes(job.device, local_ranks), "each rank"
+        def available() -> tuple[int, str]:
+            return agreed_available_bytes(job.device, local_ranks), "each rank"
 
-    graph = batches.graph
-    scorer = Objective(job.runtime, graph.meta.multilabel)
-    choice = choose_evaluator(how, model, batches.store, graph, scorer, available)
-    if choice.note is not None and job.is_root:
-        print(f"scalegnn: {choice.note}", file=sys.stderr, flush=True)
-    return choice.evaluator.accuracies()
+        graph = batches.graph
+        scorer = Objective(job.runtime, graph.meta.multilabel)
+        choice = choose_evaluator(how, model, batches.store, graph, scorer, available)
+        if choice.note is not None and job.is_root:
+            print(f"scalegnn: {choice.note}", file=sys.stderr, flush=True)
+        job.evaluators[key] = choice.evaluator
+    return job.evaluators[key].accuracies()
 
 
 @torch.no_grad()
