@@ -21,6 +21,10 @@ from dgl_scalegnn._dgl import dgl
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.data.graph import NodeDataset
 from dgl_scalegnn.parallel.data_parallel import average_gradients
+from dgl_scalegnn.parallel.spmm import build_local_spmm
+from dgl_scalegnn.sampling.batch import RankBatch
+from dgl_scalegnn.sampling.blocks import full_block
+from dgl_scalegnn.sampling.store import FullGraph
 from dgl_scalegnn.train.metrics import read_metrics
 from tests.ranks import spawn_ranks
 
@@ -95,6 +99,19 @@ def record_steps(trainer) -> list[dict[str, float]]:
 
     trainer.optimizer.step = recording_step
     return seen
+
+
+def whole_graph_batch(graph: FullGraph) -> RankBatch:
+    """A training batch of every vertex of this rank's full-graph share (``step`` -1):
+    what the training forward computes on the whole graph, the evaluation's oracle."""
+    return RankBatch(
+        step=-1,
+        rows=graph.rows,
+        adjacency={p: build_local_spmm(full_block(b)) for p, b in graph.blocks.items()},
+        features=graph.features,
+        labels=graph.labels,
+        masks=graph.masks,
+    )
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -22,13 +22,10 @@ from dgl_scalegnn.config import config_from_mapping
 from dgl_scalegnn.data.prepared import prepare_in_memory
 from dgl_scalegnn.evaluation import memory, scratch
 from dgl_scalegnn.evaluation.layerwise import full_graph_counts, full_graph_forward
-from dgl_scalegnn.parallel.spmm import build_local_spmm
-from dgl_scalegnn.sampling.batch import RankBatch
-from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.train.metrics import MetricsWriter
 from dgl_scalegnn.train.run import end_session, start_session
 from dgl_scalegnn.train.trainer import Trainer
-from tests.helpers import random_dataset
+from tests.helpers import random_dataset, whole_graph_batch
 
 
 def main(spec_path: str) -> None:
@@ -69,14 +66,7 @@ def main(spec_path: str) -> None:
                     trainer.model, graph, chunk_rows, scratch=root
                 )
                 in_memory, _ = full_graph_forward(trainer.model, graph, chunk_rows)
-                whole = RankBatch(
-                    step=-1,
-                    rows=graph.rows,
-                    adjacency={p: build_local_spmm(full_block(b)) for p, b in graph.blocks.items()},
-                    features=graph.features,
-                    labels=graph.labels,
-                    masks=graph.masks,
-                )
+                whole = whole_graph_batch(graph)
                 batch_logits, _ = trainer.model(whole)
             objective = trainer.objective
             record = {
