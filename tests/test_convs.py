@@ -15,6 +15,7 @@ estimator of the neighbour mean under uniform vertex sampling is tested for bias
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -36,7 +37,7 @@ from dgl_scalegnn.parallel.spmm import build_local_spmm
 from dgl_scalegnn.sampling.blocks import full_block
 from dgl_scalegnn.sampling.dgl_loader import norm_graph
 from dgl_scalegnn.sampling.store import RankStore
-from dgl_scalegnn.sampling.uniform import UniformSampler
+from dgl_scalegnn.sampling.uniform import EdgeScaling, UniformSampler
 from tests.helpers import random_dataset, relative_error
 from tests.oracle import assemble, reference_step
 from tests.ranks import spawn_ranks
@@ -293,6 +294,34 @@ def test_each_layer_type_matches_dgls_module_on_every_grid(grid, prepared, tmp_p
             assert error < TOLERANCE, f"{name}: gradient of {param}, relative error {error:.1e}"
 
 
+def _moments_over_samples(
+    estimates: Callable[[torch.Tensor, EdgeScaling], dict[str, torch.Tensor]],
+    n: int,
+    batch: int,
+    steps: int,
+) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Each estimator's mean and mean square per vertex over the ``steps`` uniform
+    samples of ``batch`` of ``n`` vertices (seed 5) that contain it, with how many
+    contained it (``(n, 1)``): ``estimates(sample, scaling)`` gives each estimator's
+    rows of the sampled vertices."""
+    sampler = UniformSampler(n, batch, seed=5)
+    drawn, values = [], {}
+    for step in range(steps):
+        sample = sampler.draw(step)
+        for name, estimate in estimates(sample, sampler.scaling()).items():
+            values.setdefault(name, []).append(estimate)
+        drawn.append(sample)
+    vertices = torch.cat(drawn)
+    counts = torch.bincount(vertices, minlength=n).double()[:, None]
+    moments = {}
+    for name, rows in values.items():
+        rows = torch.cat(rows)
+        mean = rows.new_zeros(n, rows.shape[1]).index_add_(0, vertices, rows) / counts
+        square = rows.new_zeros(n, rows.shape[1]).index_add_(0, vertices, rows**2) / counts
+        moments[name] = (mean, square)
+    return counts, moments
+
+
 def test_sage_estimators_bias_and_agreement_with_full_graph_evaluation(prepared):
     """The two estimators of the neighbour mean under uniform vertex sampling, averaged
     over the samples that contain ``v``, against the full mean (the full-graph
@@ -317,21 +346,10 @@ def test_sage_estimators_bias_and_agreement_with_full_graph_evaluation(prepared)
             "sage": neighbour_mean(summed, adjacency.matmul(ones[: sample.numel()])),
         }
 
-    sampler = UniformSampler(n, batch, seed=5)
-    drawn, values = [], {"unbiased": [], "sage": []}
-    for step in range(steps):
-        sample = sampler.draw(step)
-        for name, estimate in estimates(sample, sampler.scaling()).items():
-            values[name].append(estimate)
-        drawn.append(sample)
-    vertices = torch.cat(drawn)
-    counts = torch.bincount(vertices, minlength=n).double()[:, None]
+    counts, moments = _moments_over_samples(estimates, n, batch, steps)
     connected = degrees.squeeze(1) > 0
     z_scores = {}
-    for name, rows in values.items():
-        rows = torch.cat(rows)
-        mean = torch.zeros_like(exact).index_add_(0, vertices, rows) / counts
-        square = torch.zeros_like(exact).index_add_(0, vertices, rows**2) / counts
+    for name, (mean, square) in moments.items():
         standard_error = ((square - mean**2).clamp(min=1e-12) / counts).sqrt()
         z_scores[name] = ((mean - exact).abs() / standard_error)[connected].mean().item()
     print(f"mean |z| of the neighbour-mean estimators: {z_scores}")
@@ -378,15 +396,7 @@ def test_gin_sum_estimators_bias_and_variance_against_the_full_graph_sum(prepare
             "degree_mean": degree_mean(summed, count, adjacency.row_lengths.double()[:, None]),
         }
 
-    sampler = UniformSampler(n, batch, seed=5)
-    drawn, values = [], {"unbiased": [], "degree_mean": []}
-    for step in range(steps):
-        sample = sampler.draw(step)
-        for name, estimate in estimates(sample, sampler.scaling()).items():
-            values[name].append(estimate)
-        drawn.append(sample)
-    vertices = torch.cat(drawn)
-    counts = torch.bincount(vertices, minlength=n).double()[:, None]
+    counts, moments = _moments_over_samples(estimates, n, batch, steps)
     connected = degrees.squeeze(1) > 0
     size = exact[connected].square().sum(1)  # |S_v|^2
 
@@ -394,10 +404,7 @@ def test_gin_sum_estimators_bias_and_variance_against_the_full_graph_sum(prepare
         return ((mean - target).abs() / error)[connected].mean().item()
 
     figures = {}
-    for name, rows in values.items():
-        rows = torch.cat(rows)
-        mean = torch.zeros_like(exact).index_add_(0, vertices, rows) / counts
-        square = torch.zeros_like(exact).index_add_(0, vertices, rows**2) / counts
+    for name, (mean, square) in moments.items():
         variance = (square - mean**2).clamp(min=1e-12)
         error = (variance / counts).sqrt()
         figures[name] = {
@@ -409,7 +416,7 @@ def test_gin_sum_estimators_bias_and_variance_against_the_full_graph_sum(prepare
             .item(),
             "relative variance": (variance[connected].sum(1) / size).mean().item(),
         }
-    print(f"GIN sum estimators at p = {sampler.scaling().p:.3f}: {figures}")
+    print(f"GIN sum estimators at p = {UniformSampler(n, batch).scaling().p:.3f}: {figures}")
     unbiased, by_degree = figures["unbiased"], figures["degree_mean"]
     assert 0.5 < unbiased["z to the sum"] < 1.2
     assert 0.5 < by_degree["z to its expectation"] < 1.2
