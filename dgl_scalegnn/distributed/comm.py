@@ -25,6 +25,7 @@ __all__ = [
     "PendingReduce",
     "all_reduce",
     "reduce_over_world",
+    "agree_on",
     "start_all_reduce",
     "all_to_all",
     "warm_up_groups",
@@ -151,6 +152,16 @@ def reduce_over_world(
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor, op=op)
     return tensor
+
+
+def agree_on(
+    value: float, op: dist.ReduceOp.RedOpType, device: torch.device | str = "cpu"
+) -> float:
+    """``value`` reduced over every rank of the job by ``op`` (collective; itself on one
+    process), through a float64 tensor on ``device`` (the backend's): a figure every rank
+    decides by alike."""
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    return float(reduce_over_world(tensor, op).item())
 
 
 def all_to_all(

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from dgl_scalegnn.cache_dir import default_cache_dir
 from dgl_scalegnn.config import ConfigError
 from dgl_scalegnn.data.prepared import PreparedGraph
-from dgl_scalegnn.distributed.comm import reduce_over_world
+from dgl_scalegnn.distributed.comm import agree_on
 from dgl_scalegnn.evaluation.layerwise import full_graph_counts, streams
 from dgl_scalegnn.evaluation.memory import (
     ChunkMemory,
@@ -192,8 +192,7 @@ def choose_evaluator(
     room, where = available()
 
     def most(value: float) -> float:  # the largest over the ranks (collective)
-        mine = torch.tensor([value], dtype=torch.float64, device=full.features.device)
-        return float(reduce_over_world(mine, dist.ReduceOp.MAX).item())
+        return agree_on(value, dist.ReduceOp.MAX, full.features.device)
 
     def needs(memory: ChunkMemory) -> float:
         return most(memory.reserved_bytes + chunk_rows * memory.row_bytes)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.core.layout import Layout
-from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
+from dgl_scalegnn.distributed.comm import Runtime, agree_on
 from dgl_scalegnn.errors import InputError
 
 __all__ = ["ScratchSpaceError", "ScratchMatrix", "ScratchDir"]
@@ -47,18 +47,6 @@ def _world() -> tuple[int, int]:
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _agree_max(value: float, device: torch.device) -> float:
-    """The largest ``value`` over the ranks (collective)."""
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    return float(reduce_over_world(tensor, dist.ReduceOp.MAX).item())
-
-
-def _agree_sum(value: float, device: torch.device) -> float:
-    """The sum of ``value`` over the ranks (collective)."""
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    return float(reduce_over_world(tensor, dist.ReduceOp.SUM).item())
 
 
 class ScratchMatrix:
@@ -172,19 +160,25 @@ class ScratchDir:
 
     def __enter__(self) -> ScratchDir:
         rank, _ = _world()
-        token = int(_agree_max(secrets.randbits(48) if rank == 0 else 0, self.device))
+        token = int(
+            agree_on(secrets.randbits(48) if rank == 0 else 0, dist.ReduceOp.MAX, self.device)
+        )
         self.path = self.root / f"evaluation-{token:012x}"
         self.root.mkdir(parents=True, exist_ok=True)
         self.path.mkdir(mode=0o700, exist_ok=True)
         marker = self.path / "rank0"
         if rank == 0:
             marker.touch()
-        _agree_sum(0.0, self.device)  # a barrier: rank 0 has made its marker
-        unseen = _agree_sum(0.0 if marker.exists() else 1.0, self.device)
+        agree_on(0.0, dist.ReduceOp.SUM, self.device)  # a barrier: rank 0 has made its marker
+        unseen = agree_on(0.0 if marker.exists() else 1.0, dist.ReduceOp.SUM, self.device)
         self.shared = unseen == 0.0
-        need = _agree_sum(self.shared_bytes, self.device) if self.shared else self.alone_bytes
+        need = (
+            agree_on(self.shared_bytes, dist.ReduceOp.SUM, self.device)
+            if self.shared
+            else self.alone_bytes
+        )
         free = shutil.disk_usage(self.path).free
-        short = _agree_max(1.0 if free < need else 0.0, self.device)
+        short = agree_on(1.0 if free < need else 0.0, dist.ReduceOp.MAX, self.device)
         if short:
             self._remove()
             raise ScratchSpaceError(
@@ -225,7 +219,7 @@ class ScratchDir:
         """Wait until every rank has written its part of ``matrix`` (collective), then open
         it on every rank: its file is whole, and stays readable here once its writer
         removes it (:meth:`release`)."""
-        _agree_sum(0.0, self.device)
+        agree_on(0.0, dist.ReduceOp.SUM, self.device)
         matrix.open()
 
     def release(self, matrix: ScratchMatrix) -> None:
