@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 import traceback
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ _PRELOAD = [
     "tests.helpers",
 ]
 _context: Any = None
+#: The environment before any test ran (this module is imported while tests are
+#: collected): the forkserver, one per process, keeps the environment it starts in and
+#: hands it to every rank, so a test's temporary cache directory must not reach it.
+_SESSION_ENVIRONMENT = dict(os.environ)
 
 
 def _forkserver():
@@ -40,6 +45,14 @@ def _forkserver():
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(_PRELOAD)
+        current = dict(os.environ)
+        os.environ.clear()
+        os.environ.update({"OMP_NUM_THREADS": "1", **_SESSION_ENVIRONMENT})
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.environ.clear()
+            os.environ.update(current)
     return _context
 
 

@@ -26,6 +26,8 @@ from dgl_scalegnn.train.calibrate import (
     save_calibration,
 )
 from dgl_scalegnn.train.plan import calibrated_machine, plan_grid, seconds
+from tests.ranks import _forkserver, spawn_ranks
+from tests.workers.rank_start import PRELOADED
 
 #: A measurement of a few milliseconds of work a kind: what a test can wait for.
 TINY = MeasureSizes(repeats=2, rows=256, width=16, degree=4, large_bytes=64 << 10)
@@ -38,6 +40,14 @@ WORK = Workload(
     num_classes=8,
     model=ModelConfig(hidden=128, layers=2),
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def test_ranks_forkserver():
+    """The test ranks' forkserver, started before any calibration: there is one a
+    process, and ``calibrate`` would start it with its own modules (torch only) and this
+    module's temporary cache directory, for every rank of the suite after it."""
+    _forkserver()
 
 
 @pytest.fixture
@@ -80,6 +90,17 @@ def test_two_ranks_calibrate_in_seconds_and_are_kept_for_this_machine_only(cache
     assert read_calibrations(path) == [] and load_calibration(2) is None
     save_calibration(measured)  # an unreadable file is replaced
     assert load_calibration(2) == measured
+
+
+def test_calibrating_leaves_other_ranks_their_modules_and_environment(cache, tmp_path):
+    """The test ranks started after a calibration still fork from a server that has
+    torch's compiler front end and DGL imported (a rank that imports them itself costs
+    ~5 s, every rank of the suite after this module), and none inherits this test's
+    temporary cache directory."""
+    calibrate(1, TINY)
+    spawn_ranks(1, "tests.workers.rank_start:main", [str(tmp_path)], tmp_path / "logs")
+    record = json.loads((tmp_path / "start0.json").read_text())
+    assert record == {"preloaded": list(PRELOADED), "cache_dir": None}
 
 
 def test_a_calibration_outside_one_host_is_refused_in_one_line():
