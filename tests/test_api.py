@@ -1,9 +1,11 @@
 """The public API (``import dgl_scalegnn as sg``) and the example loop written with it.
 
 The example (``examples/graphsage.py``) runs under ``launch/mpirun.sh`` as a user runs
-it; with ``--plain`` its settings are the CLI's (Adam, a constant rate, no class
-weights), so its losses must be the CLI's bit for bit on the same grid; a run stopped
-with a checkpoint resumes on another grid with the losses of an uninterrupted one.
+it, and as ``python examples/graphsage.py``; its other runs are spawned ranks with
+torchrun's environment (``tests/workers/run_script.py``), as are the CLI's. With
+``--plain`` its settings are the CLI's (Adam, a constant rate, no class weights), so its
+losses must be the CLI's bit for bit on the same grid; a run stopped with a checkpoint
+resumes on another grid with the losses of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import os
 import pytest
 
 import dgl_scalegnn
-import yaml
 from dgl_scalegnn._dgl import dgl
-from tests.helpers import ROOT, launched, random_dataset
+from tests.helpers import ROOT, launched, random_dataset, train_through_cli
+from tests.ranks import spawn_ranks
 
 #: The public surface. A name may be added (here too); removing one breaks users.
 PUBLIC = {
@@ -101,28 +103,28 @@ def graph_file(tmp_path_factory):
     return path
 
 
-def _mpirun(np_: int, grid: str, program: str, *args: str) -> str:
-    with launched([str(ROOT / "launch" / "mpirun.sh"), str(np_), grid, program, *args]) as run:
-        output, _ = run.communicate(timeout=300)
-    assert run.returncode == 0, output[-4000:]
-    return output
-
-
-def _example(grid: str, graph_file, out, *args: str) -> list[dict]:
-    _mpirun(2, grid, str(EXAMPLE), "--graph", str(graph_file), "--out", str(out),
-            "--steps", str(STEPS), "--batch-size", str(BATCH), *args)  # fmt: skip
+def _events(out) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _example(grid: str, graph_file, out, *args: str, mpirun: bool = False) -> list[dict]:
+    """The example on two ranks of ``grid``: under ``launch/mpirun.sh``, or spawned."""
+    argv = ["--graph", str(graph_file), "--out", str(out), "--steps", str(STEPS),
+            "--batch-size", str(BATCH), *args]  # fmt: skip
+    if mpirun:
+        with launched([str(ROOT / "launch" / "mpirun.sh"), "2", grid, str(EXAMPLE), *argv]) as run:
+            output, _ = run.communicate(timeout=300)
+        assert run.returncode == 0, output[-4000:]
+    else:
+        spawn_ranks(2, "tests.workers.run_script:main", [str(EXAMPLE), [*argv, "--grid", grid]],
+                    out.parent / f"{out.name}-logs")  # fmt: skip
+    return _events(out)
 
 
 def _cli(grid: str, graph_file, tmp_path, name: str) -> list[float]:
     config = {**CLI_SETTINGS, "data": {"name": "dgl", "path": str(graph_file)}}
     config["output"] = {"dir": str(tmp_path / f"{name}-run")}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    metrics = tmp_path / f"{name}.jsonl"
-    _mpirun(2, grid, str(path), "--metrics", str(metrics))
-    events = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [e["loss"] for e in events if e["event"] == "step"]
+    return _losses(train_through_cli(tmp_path, name, grid, config))
 
 
 def _losses(events: list[dict]) -> list[float]:
@@ -137,7 +139,7 @@ def test_the_example_under_mpirun_is_the_cli_bit_for_bit_and_resumes_on_another_
     cli = _cli("1x1x2x1", graph_file, tmp_path, "cli")
     out = tmp_path / "example"
     first = _example("1x1x2x1", graph_file, out, "--plain", "--stop-at", "4",
-                     "--eval-every", "100")  # fmt: skip
+                     "--eval-every", "100", mpirun=True)  # fmt: skip
     assert _losses(first) == cli[:4]
     assert (out / "checkpoints" / "step_00000004").is_dir()
     resumed = _example("1x2x1x1", graph_file, out, "--plain", "--resume", "--eval-every", "2")
@@ -157,15 +159,13 @@ def test_the_example_with_data_parallel_replicas_is_the_cli_bit_for_bit(graph_fi
 
 
 def test_the_example_with_its_own_schedule_weights_and_early_stopping_trains(graph_file, tmp_path):
-    """AdamW, warm-up and cosine decay, class weights, early stopping: on one process (as
-    a user first runs it), it learns and stops once validation stops improving."""
+    """AdamW, warm-up and cosine decay, class weights, early stopping: on one process, it
+    learns and stops once validation stops improving."""
     out = tmp_path / "example"
-    with launched([str(ROOT / ".venv" / "bin" / "python"), str(EXAMPLE), "--graph",
-                   str(graph_file), "--out", str(out), "--steps", "60", "--batch-size", "300",
-                   "--eval-every", "3", "--patience", "2", "--lr", "0.02"]) as run:  # fmt: skip
-        output, _ = run.communicate(timeout=300)
-    assert run.returncode == 0, output[-4000:]
-    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    argv = ["--graph", str(graph_file), "--out", str(out), "--steps", "60", "--batch-size",
+            "300", "--eval-every", "3", "--patience", "2", "--lr", "0.02"]  # fmt: skip
+    spawn_ranks(1, "tests.workers.run_script:main", [str(EXAMPLE), argv], tmp_path / "logs")
+    events = _events(out)
     losses = _losses(events)
     accuracies = [e["val_acc"] for e in events if e["event"] == "eval"]
     best = max(range(len(accuracies)), key=lambda i: (accuracies[i], -i))  # first best
@@ -176,7 +176,8 @@ def test_the_example_with_its_own_schedule_weights_and_early_stopping_trains(gra
 
 def test_a_second_job_on_the_examples_checkpoints_is_refused_in_one_line(graph_file, tmp_path):
     """The API's checkpoints claim their directory, as ``scalegnn train`` claims its
-    ``output.dir``: another job holding it (here this process) makes the script exit 2."""
+    ``output.dir``: another job holding it (here this process) makes the script, run as
+    ``python examples/graphsage.py``, exit 2."""
     from dgl_scalegnn.train.run_lock import claim_run_directory
 
     held = claim_run_directory(tmp_path / "example" / "checkpoints", rank=0)
