@@ -177,9 +177,26 @@ def _load_kernels_in_a_new_process(cache: Path) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_planted_kernel_library_never_runs_and_the_kernels_are_rebuilt(cache, tmp_path):
-    built = _load_kernels_in_a_new_process(cache)  # the real build, at its predictable name
+@pytest.fixture(scope="module")
+def built_kernels(tmp_path_factory) -> Path:
+    """A cache directory with the kernels built once (by a new process), for the tests
+    that tamper with a build rather than make one."""
+    cache = tmp_path_factory.mktemp("built") / "cache"
+    built = _load_kernels_in_a_new_process(cache)
     assert built.returncode == 0, built.stderr
+    return cache
+
+
+def _with_kernels(cache: Path, built: Path) -> None:
+    """``built``'s kernels in ``cache``, as if this cache had built them (modes kept)."""
+    cache.mkdir(mode=0o700)
+    shutil.copytree(built / "kernels", cache / "kernels")
+
+
+def test_a_planted_kernel_library_never_runs_and_the_kernels_are_rebuilt(
+    cache, tmp_path, built_kernels
+):
+    _with_kernels(cache, built_kernels)  # the real build, at its predictable name
     marker = tmp_path / "planted-ran"
     planted = _planted_library(tmp_path, marker)
     names = [path for path in (cache / "kernels").iterdir() if path.suffix == ".so"]
@@ -194,8 +211,9 @@ def test_a_planted_kernel_library_never_runs_and_the_kernels_are_rebuilt(cache, 
 
 
 def test_a_kernel_library_others_could_write_is_rebuilt_saying_why(
-    cache, fresh_kernels, caplog, monkeypatch
+    cache, fresh_kernels, caplog, monkeypatch, built_kernels
 ):
+    _with_kernels(cache, built_kernels)
     assert fresh_kernels() is not None
     (library,) = (cache / "kernels").glob("*.so")
     library.chmod(0o775)
@@ -214,7 +232,10 @@ def test_a_kernel_library_others_could_write_is_rebuilt_saying_why(
     assert f".json belongs to uid {uid}, not to you (uid {uid + 1})" in caplog.text
 
 
-def test_kernels_in_a_directory_others_could_write_are_not_loaded(cache, fresh_kernels, caplog):
+def test_kernels_in_a_directory_others_could_write_are_not_loaded(
+    cache, fresh_kernels, caplog, built_kernels
+):
+    _with_kernels(cache, built_kernels)
     assert fresh_kernels() is not None
     (cache / "kernels").chmod(0o777)
     with caplog.at_level(logging.WARNING, logger=native.__name__):
