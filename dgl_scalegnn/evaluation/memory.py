@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from dgl_scalegnn.core.grid_shape import GridShape
 from dgl_scalegnn.core.layout import Axis
-from dgl_scalegnn.distributed.comm import reduce_over_world
+from dgl_scalegnn.distributed.comm import agree_on
 from dgl_scalegnn.evaluation.buffer_plan import BufferPlan, Matrix
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
@@ -265,10 +265,7 @@ def agreed_chunk_rows(
     their collectives would not match (a hang), and the data-parallel replicas, which
     share the chunks out, would count some rows twice and others never."""
     rows = full_graph_chunk_rows(model, graph, memory)
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return rows
-    mine = torch.tensor([rows], dtype=torch.int64, device=graph.features.device)
-    return int(reduce_over_world(mine, dist.ReduceOp.MIN).item())
+    return int(agree_on(rows, dist.ReduceOp.MIN, graph.features.device))
 
 
 def stream_rows(row_bytes: int) -> int:

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 
 from dgl_scalegnn.config import GRAPHCONV_MODEL, Config, check_config
-from dgl_scalegnn.distributed.comm import reduce_over_world
+from dgl_scalegnn.distributed.comm import agree_on
 
 __all__ = [
     "DERIVED_KEYS",
@@ -204,8 +204,7 @@ def memory_budget_bytes(device: torch.device | str = "cpu", local_ranks: int = 1
 
 def _least_over_world(count: int, device: torch.device | str) -> int:
     """The least of every rank's ``count`` (one all-reduce)."""
-    mine = torch.tensor([float(count)], dtype=torch.float64, device=torch.device(device))
-    return int(reduce_over_world(mine, dist.ReduceOp.MIN).item())
+    return int(agree_on(count, dist.ReduceOp.MIN, torch.device(device)))
 
 
 def agreed_available_bytes(device: torch.device | str = "cpu", local_ranks: int = 1) -> int:

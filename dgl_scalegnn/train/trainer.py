@@ -29,7 +29,7 @@ from dgl_scalegnn.config import Config, ConfigError
 from dgl_scalegnn.core.schedule import learning_rate
 from dgl_scalegnn.data.graph import DatasetError, label_notes
 from dgl_scalegnn.data.prepared import PreparedGraph
-from dgl_scalegnn.distributed.comm import Runtime, reduce_over_world
+from dgl_scalegnn.distributed.comm import Runtime, agree_on
 from dgl_scalegnn.evaluation.evaluator import (
     Evaluator,
     LayerwiseEvaluation,
@@ -378,7 +378,7 @@ class Trainer:
         self._announce()
         # every rank starts the clock together: the last to finish loading would
         # otherwise count its wait against the others' first step (train.max_train_s)
-        reduce_over_world(torch.zeros(1, device=self.device)).item()
+        agree_on(0.0, dist.ReduceOp.SUM, self.device)
         reached = False
         preempted: Preempted | None = None
         if cfg.sampling.prefetch:
@@ -517,10 +517,8 @@ class Trainer:
         if checkpoint_due:
             self.save()
         if due or checkpoint_due:  # a signal may have come meanwhile: agree again
-            late = reduce_over_world(
-                torch.tensor([float(self.requests.take())], device=self.device), dist.ReduceOp.MAX
-            )
-            self._request = max(self._request, Request(int(late.item())))
+            late = agree_on(self.requests.take(), dist.ReduceOp.MAX, self.device)
+            self._request = max(self._request, Request(int(late)))
         self._act_on_request()
         return reached
 
