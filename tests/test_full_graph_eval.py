@@ -144,6 +144,34 @@ def test_csr_row_chunks_multiply_like_the_dense_block(prepared, monkeypatch, nat
     assert products > 0 and len(native_calls) == (products if native else 0)
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["torch CSR", "native loop"])
+@pytest.mark.parametrize("kind", ["gcn", "sum"])
+def test_products_with_an_operand_in_pieces_are_the_whole_product(prepared, native, kind):
+    """:meth:`CSRRows.matmul_pieces` (the streamed evaluation's SpMM, the operand read a
+    piece of rows at a time) against the dense block, over pieces of one row to more
+    than the operand; natively, the bits of :meth:`CSRRows.matmul` on the whole operand."""
+    grid = Grid4D.view(
+        GridShape.parse("1x2x3x1"), GridShape.parse("1x2x3x1").rank_of(Coords(0, 1, 2, 0))
+    )
+    model = ModelConfig(conv="sage") if kind == "sum" else ModelConfig()
+    store = RankStore(prepared, grid, num_layers=2, kind=layer_kind(model))
+    for block in store.blocks.values():
+        assert block.unit_scales is (kind == "sum")
+        dense = full_block(block).dense()
+        features = torch.randn(dense.shape[1], 5)
+        rows = block.row_stop - block.row_start
+        chunk = CSRRows(block, 3, rows - 2, native=native)
+        whole = chunk.matmul(features)
+        for piece_rows in (1, 4, dense.shape[1], dense.shape[1] + 3):
+            pieces = (
+                (lo, features[lo : lo + piece_rows].clone())
+                for lo in range(0, dense.shape[1], piece_rows)
+            )
+            got = chunk.matmul_pieces(pieces, torch.float32)
+            torch.testing.assert_close(got, (dense @ features)[3 : rows - 2])
+            assert torch.equal(got, whole) or not native, piece_rows
+
+
 def test_sum_blocks_skip_their_unit_scales(prepared, monkeypatch):
     """The store marks the sum normalisation's blocks (ones for scales), and only those;
     their native products and row sums skip the scales (``None``), with the dense

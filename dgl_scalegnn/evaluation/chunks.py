@@ -24,7 +24,7 @@ waits for the device; how many rows a chunk takes is :mod:`~dgl_scalegnn.evaluat
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -231,6 +231,69 @@ class CSRRows(RowSumsByProduct):
             (self.num_rows, self.num_cols),
         )
         return matrix @ features
+
+    def matmul_pieces(
+        self, pieces: Iterable[tuple[int, torch.Tensor]], dtype: torch.dtype
+    ) -> torch.Tensor:
+        """The rows times an operand ``(num_cols, D)`` of ``dtype`` that is never whole:
+        ``pieces`` gives ``(first, rows)``, its rows from ``first`` on, in increasing
+        order and together all of them; each piece is dropped once its entries are
+        summed. Natively (as :meth:`matmul`) every row's entries are summed window by
+        window (:func:`~dgl_scalegnn.parallel.cpu_kernels.csr_scaled_window`), to the
+        bits of :meth:`matmul` over the whole operand; otherwise each piece's entries
+        form a CSR of values :math:`c_j` whose product is added, and the sums are scaled
+        by :math:`r_i` at the end (float32 rounding in another order)."""
+        block = self.block
+        device = block.indptr.device
+        out: torch.Tensor | None = None
+        native = self._runs_natively(torch.empty(0, dtype=dtype, device=device))
+        if native:
+            cursor = block.indptr[self.start : self.stop].clone()
+        else:
+            row_of, cols = self.structure()
+        for first, piece in pieces:
+            if out is None:
+                out = torch.zeros((self.num_rows, piece.shape[1]), dtype=dtype, device=device)
+            stop = first + piece.shape[0]
+            if native:
+                finish = stop >= self.num_cols
+                cpu_kernels.csr_scaled_window(
+                    block.indptr, block.indices, *self._scales(), piece, first, out, cursor,
+                    self.start, finish,
+                )  # fmt: skip
+            else:
+                self._add_piece(row_of, cols, piece, first, out)
+            del piece  # the next piece is read without this one
+        if out is None:
+            raise ValueError("matmul_pieces: no piece of the operand given")
+        if not native and not block.unit_scales:
+            out *= block.row_scale[self.start : self.stop].to(dtype).unsqueeze(1)
+        return out
+
+    def _add_piece(
+        self,
+        row_of: torch.Tensor,
+        cols: torch.Tensor,
+        piece: torch.Tensor,
+        first: int,
+        out: torch.Tensor,
+    ) -> None:
+        """``out`` plus the product of the entries ``(row_of, cols)`` (:meth:`structure`)
+        whose columns the operand's rows ``piece`` from ``first`` on hold, of values
+        :math:`c_j` (the row scales come last, in :meth:`matmul_pieces`)."""
+        at = ((cols >= first) & (cols < first + piece.shape[0])).nonzero().squeeze(1)
+        if not at.numel():
+            return
+        columns = cols.index_select(0, at)
+        counts = torch.bincount(row_of.index_select(0, at), minlength=self.num_rows)
+        crow = torch.zeros(self.num_rows + 1, dtype=columns.dtype, device=columns.device)
+        torch.cumsum(counts, 0, out=crow[1:])
+        if self.block.unit_scales:
+            values = torch.ones(at.numel(), dtype=out.dtype, device=out.device)
+        else:
+            values = self.block.col_scale.index_select(0, columns).to(out.dtype)
+        shape = (self.num_rows, piece.shape[0])
+        out += csr_tensor(crow, columns - first, values, shape) @ piece
 
     def row_sums(self, like: torch.Tensor) -> torch.Tensor:
         """``(num_rows, 1)``: the rows times a column of ones, in ``like``'s dtype and on

@@ -53,7 +53,6 @@ from dgl_scalegnn.model.layers import Head, InputProjection
 from dgl_scalegnn.model.objective import Objective, split_counts
 from dgl_scalegnn.model.scalegnn import ParallelScaleGNN
 from dgl_scalegnn.parallel.partition import ShardSpec
-from dgl_scalegnn.parallel.spmm import csr_tensor
 from dgl_scalegnn.sampling.store import FullGraph
 
 __all__ = ["EVAL_STEP", "full_graph_forward", "full_graph_counts", "streams"]
@@ -342,22 +341,21 @@ class _Aggregated:
 
 class _StreamedProducts:
     """The local products :math:`\\tilde A[R_k, :] X` of a layer's chunks whose input
-    shard :math:`X` is the scratch file ``source``, a block of
-    :attr:`block_chunks` consecutive chunks at a time.
+    shard :math:`X` is the scratch file ``source``, a block of :attr:`block_chunks`
+    consecutive chunks at a time.
 
-    A block's products start at zero; each piece of rows :math:`C` of the input is read
-    once (:func:`~dgl_scalegnn.evaluation.memory.stream_rows` rows, a buffer of its own)
-    and each chunk's entries in those columns, as a CSR of values :math:`c_j`, add their
-    product with the piece; the rows are scaled by :math:`r_i` at the end, as the native
-    loop computes :math:`r_i \\sum_j c_j x_j` (here a sum of pieces' sums).
-    So a rank holds a block of products and a piece of the input, never the input:
-    each block reads the whole file again.
+    A block's products are made together (:meth:`CSRRows.matmul_pieces` over the block's
+    rows): the input is read once per block, a piece of
+    :func:`~dgl_scalegnn.evaluation.memory.stream_rows` rows at a time, and each row's
+    entries in the piece's columns are added to its sum. So a rank holds a block of
+    products and a piece of the input, never the input; the fewer the blocks (the larger
+    the block's buffer), the fewer times the file is read.
     """
 
     def __init__(self, source: ScratchMatrix, adjacency: list[CSRRows], chunk_rows: int) -> None:
-        self.source, self.adjacency, self.chunk_rows = source, adjacency, chunk_rows
-        self.piece_rows = stream_rows(source.row_bytes)
-        self.block_chunks = max(1, self.piece_rows // chunk_rows)
+        self.source, self.adjacency = source, adjacency
+        self.piece_rows, block_rows = stream_rows(source.row_bytes)
+        self.block_chunks = max(1, block_rows // chunk_rows)
         self.placeholder = source.placeholder()
         self._block: int | None = None
         self._products: list[torch.Tensor] = []
@@ -375,34 +373,16 @@ class _StreamedProducts:
     def _block_products(self, block: int) -> list[torch.Tensor]:
         first = block * self.block_chunks
         chunks = self.adjacency[first : first + self.block_chunks]
+        start, stop = chunks[0].start, chunks[-1].stop
+        entries = (chunks[0].entries[0], chunks[-1].entries[1])
+        span = CSRRows(chunks[0].block, start, stop, entries, chunks[0].native)
         source = self.source
-        device, dtype = source.device, source.dtype
-        products = [
-            torch.zeros((rows.num_rows, source.cols), dtype=dtype, device=device) for rows in chunks
-        ]
-        structures = [rows.structure() for rows in chunks]
-        for start in range(0, source.rows, self.piece_rows):
-            stop = min(source.rows, start + self.piece_rows)
-            piece = source.read(start, stop)
-            for rows, (row_of, cols), product in zip(chunks, structures, products):
-                at = ((cols >= start) & (cols < stop)).nonzero().squeeze(1)
-                if not at.numel():
-                    continue
-                columns = cols.index_select(0, at)
-                counts = torch.bincount(row_of.index_select(0, at), minlength=rows.num_rows)
-                crow = torch.zeros(rows.num_rows + 1, dtype=columns.dtype, device=device)
-                torch.cumsum(counts, 0, out=crow[1:])
-                if rows.block.unit_scales:
-                    values = torch.ones(at.numel(), dtype=dtype, device=device)
-                else:
-                    values = rows.block.col_scale.index_select(0, columns).to(dtype)
-                shape = (rows.num_rows, stop - start)
-                product += csr_tensor(crow, columns - start, values, shape) @ piece
-            del piece
-        for rows, product in zip(chunks, products):
-            if not rows.block.unit_scales:
-                product *= rows.block.row_scale[rows.start : rows.stop].to(dtype).unsqueeze(1)
-        return products
+        pieces = (
+            (lo, source.read(lo, min(source.rows, lo + self.piece_rows)))
+            for lo in range(0, source.rows, self.piece_rows)
+        )
+        product = span.matmul_pieces(pieces, source.dtype)
+        return [product[rows.start - start : rows.stop - start] for rows in chunks]
 
 
 def _by_row_chunks(

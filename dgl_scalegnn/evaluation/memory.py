@@ -42,7 +42,8 @@ __all__ = [
     "full_graph_memory",
     "full_graph_chunk_rows",
     "agreed_chunk_rows",
-    "STREAM_BUFFER_BYTES",
+    "STREAM_PIECE_BYTES",
+    "STREAM_BLOCK_BYTES",
     "stream_rows",
     "scratch_bytes",
     "streamed_memory",
@@ -58,10 +59,14 @@ DEFAULT_CHUNK_ROWS = 65536
 #: 32768 at 1,325 MB, 8192 at 1,259 MB, all in 1.29-1.33 s a round; sparse 10M, second
 #: rounds: 17.3 s with 65536 rows, 18.0 s with 32768, 19.3 s with 8192.
 ONE_RANK_CHUNK_ROWS = 32768
-#: Bytes of each of the two buffers of a streamed evaluation's layer
-#: (:class:`~dgl_scalegnn.evaluation.layerwise._StreamedProducts`): a block of chunks'
-#: products, and a piece of the layer input read from its file.
-STREAM_BUFFER_BYTES = 1 << 27
+#: Bytes of the two buffers of a streamed evaluation's layer
+#: (:class:`~dgl_scalegnn.evaluation.layerwise._StreamedProducts`): a piece of the layer
+#: input read from its file, and a block of chunks' products. Each block reads the whole
+#: file once, so the block takes the larger share; each piece costs a pass over the
+#: block's rows. Sparse 10M graph, 1x2x2x2 (5M rows of 256 bytes a rank): 20 pieces,
+#: 7 blocks a layer.
+STREAM_PIECE_BYTES = 1 << 26
+STREAM_BLOCK_BYTES = 3 << 26
 #: The fewest output rows per chunk and rank, however little memory is free.
 MIN_CHUNK_ROWS = 1024
 #: Share of an accelerator's free memory that one chunk's temporaries may take.
@@ -268,13 +273,15 @@ def agreed_chunk_rows(
     return int(agree_on(rows, dist.ReduceOp.MIN, graph.features.device))
 
 
-def stream_rows(row_bytes: int) -> int:
-    """Rows of ``row_bytes`` each in a buffer of :data:`STREAM_BUFFER_BYTES` (at least one).
+def stream_rows(row_bytes: int) -> tuple[int, int]:
+    """Rows of ``row_bytes`` each in a piece (:data:`STREAM_PIECE_BYTES`) and in a block
+    (:data:`STREAM_BLOCK_BYTES`), at least one each.
 
     >>> stream_rows(256)
-    524288
+    (262144, 786432)
     """
-    return max(1, STREAM_BUFFER_BYTES // max(1, row_bytes))
+    row_bytes = max(1, row_bytes)
+    return max(1, STREAM_PIECE_BYTES // row_bytes), max(1, STREAM_BLOCK_BYTES // row_bytes)
 
 
 def _stored_sizes(model: ParallelScaleGNN, graph: FullGraph) -> tuple[list[Matrix], list[int]]:
@@ -315,9 +322,10 @@ def scratch_bytes(model: ParallelScaleGNN, graph: FullGraph) -> tuple[int, int]:
 def streamed_memory(model: ParallelScaleGNN, graph: FullGraph) -> ChunkMemory:
     """What a streamed evaluation of ``graph`` takes on this rank:
     :func:`full_graph_memory`'s chunk, beside its two stream buffers
-    (:data:`STREAM_BUFFER_BYTES` each, their index temporaries within) in place of the
+    (:data:`STREAM_PIECE_BYTES` and :data:`STREAM_BLOCK_BYTES`; the block's cursors, and
+    the index temporaries of a product off the native loop, within) in place of the
     whole-graph matrices, and the ids of every vertex."""
     memory = full_graph_memory(model, graph)
     ids = graph.rows.vertex_ids
-    reserved = 2 * STREAM_BUFFER_BYTES + ids.numel() * ids.element_size()
+    reserved = STREAM_PIECE_BYTES + STREAM_BLOCK_BYTES + ids.numel() * ids.element_size()
     return ChunkMemory(memory.row_bytes, reserved)

@@ -213,35 +213,43 @@ void masked_grad(const float *restrict grad, const uint8_t *restrict live, float
  * go panel by panel. */
 #define PANEL 128
 
-/* Columns [0, cols) of one row of csr_scaled_rows (cols <= PANEL), summed in a local
- * accumulator of `padded` columns: a compile-time constant at every call (cols rounded
- * up to 8 or a multiple of 16), so that the accumulator stays in registers and every
- * entry is a few whole vector operations. The padding columns read past the row's
- * last column, into x's next columns or row, for the rows of x whose padded read stays
- * inside x (j < safe_rows), and are dropped; the other rows read cols columns. Where
- * `unit` the scales are all ones (the sum normalisation) and not read. The row's cache
- * lines are requested PREFETCH_ENTRIES entries ahead. Per element, the same operations
- * in the same order as one loop of cols columns. */
-INLINE void scaled_row(const int64_t *restrict indptr, const int32_t *restrict narrow_ids,
-                       const int64_t *restrict wide_ids, const int wide, const int unit,
-                       const float *restrict col_scale, const float *restrict x,
-                       int64_t ld, int64_t safe_rows, float *restrict o, int64_t i, float r,
+/* Columns [0, cols) of one row of csr_scaled_rows (cols <= PANEL): its entries
+ * [from, to), their columns offset by col_lo in x, summed in a local accumulator of
+ * `padded` columns: a compile-time constant at every call (cols rounded up to 8 or a
+ * multiple of 16), so that the accumulator stays in registers and every entry is a few
+ * whole vector operations. The accumulator starts at zero, or at o's row where
+ * `accumulate`, and is stored to o, times r where `scale`. The padding columns read past
+ * the row's last column, into x's next columns or row, for the rows of x whose padded
+ * read stays inside x (j < safe_rows), and are dropped; the other rows read cols
+ * columns. Where `unit` the column scales are all ones (the sum normalisation) and not
+ * read. The rows of entries PREFETCH_ENTRIES ahead (before last_entry, with a column in
+ * [col_lo, col_hi)) are requested meanwhile. Per element, the same operations in the
+ * same order as one loop of cols columns. */
+INLINE void scaled_row(const int32_t *restrict narrow_ids, const int64_t *restrict wide_ids,
+                       const int wide, const int unit, const float *restrict col_scale,
+                       const float *restrict x, int64_t ld, int64_t safe_rows,
+                       float *restrict o, int64_t from, int64_t to, int64_t col_lo,
+                       int64_t col_hi, int accumulate, int scale, float r,
                        int64_t last_entry, const int64_t padded, const int64_t cols) {
   float acc[PANEL] __attribute__((aligned(64)));
 #pragma omp simd
   for (int64_t k = 0; k < padded; ++k) acc[k] = 0.0f;
-  for (int64_t e = indptr[i]; e < indptr[i + 1]; ++e) {
+  if (accumulate) memcpy(acc, o, cols * sizeof(float));
+  for (int64_t e = from; e < to; ++e) {
     if (e + PREFETCH_ENTRIES < last_entry) {
-      const int64_t ahead = e + PREFETCH_ENTRIES;
-      const char *row =
-          (const char *)(x + (wide ? wide_ids[ahead] : (int64_t)narrow_ids[ahead]) * ld);
-      const char *end = row + cols * (int64_t)sizeof(float);
-      for (const char *line = (const char *)((uintptr_t)row & ~(uintptr_t)63); line < end;
-           line += 64)
-        __builtin_prefetch(line, 0, 0);
+      const int64_t ahead = wide ? wide_ids[e + PREFETCH_ENTRIES]
+                                 : (int64_t)narrow_ids[e + PREFETCH_ENTRIES];
+      if (ahead >= col_lo && ahead < col_hi) {
+        const char *row = (const char *)(x + (ahead - col_lo) * ld);
+        const char *end = row + cols * (int64_t)sizeof(float);
+        for (const char *line = (const char *)((uintptr_t)row & ~(uintptr_t)63); line < end;
+             line += 64)
+          __builtin_prefetch(line, 0, 0);
+      }
     }
-    const int64_t j = wide ? wide_ids[e] : (int64_t)narrow_ids[e];
-    const float c = unit ? 1.0f : col_scale[j];
+    const int64_t id = wide ? wide_ids[e] : (int64_t)narrow_ids[e];
+    const float c = unit ? 1.0f : col_scale[id];
+    const int64_t j = id - col_lo;
     const float *restrict xj = x + j * ld;
     if (j < safe_rows) {
       if (unit) {
@@ -255,35 +263,58 @@ INLINE void scaled_row(const int64_t *restrict indptr, const int32_t *restrict n
       for (int64_t k = 0; k < cols; ++k) acc[k] += c * xj[k];
     }
   }
-  if (unit) {
-    memcpy(o, acc, cols * sizeof(float));
-  } else {
+  if (scale) {
 #pragma omp simd
     for (int64_t k = 0; k < cols; ++k) o[k] = acc[k] * r;
+  } else {
+    memcpy(o, acc, cols * sizeof(float));
   }
 }
 
+/* The end of row i's entries from `from` on whose columns are below col_hi (columns are
+ * sorted within a row). */
+INLINE int64_t window_end(const int64_t *restrict indptr, const int32_t *restrict narrow_ids,
+                          const int64_t *restrict wide_ids, int wide, int64_t i,
+                          int64_t from, int64_t col_hi) {
+  int64_t e = from;
+  while (e < indptr[i + 1] && (wide ? wide_ids[e] : (int64_t)narrow_ids[e]) < col_hi) ++e;
+  return e;
+}
+
 /* Rows [lo, hi) of one panel of csr_scaled_rows, `padded`, `is_wide` and `is_unit`
- * constants. */
-#define SCALED_ROWS(padded, is_wide, is_unit)                                          \
-  for (int64_t i = lo; i < hi; ++i)                                                    \
-    scaled_row(indptr, narrow_ids, wide_ids, (is_wide), (is_unit), col_scale, panel_x, \
-               ld, safe_rows, out + (i - start) * cols + first, i,                     \
-               (is_unit) ? 1.0f : row_scale[i], last_entry, padded, panel_cols);
-#define PADDED_CASE(padded, is_wide, is_unit)                                          \
-  case padded:                                                                         \
+ * constants: whole rows, or (with a cursor) each row's entries in the window, where a
+ * row without any is only scaled where the window is the last. */
+#define SCALED_ROWS(padded, is_wide, is_unit)                                              \
+  for (int64_t i = lo; i < hi; ++i) {                                                      \
+    const int64_t from = cursor ? cursor[i - start] : indptr[i];                           \
+    const int64_t to = cursor ? window_end(indptr, narrow_ids, wide_ids, (is_wide), i,     \
+                                           from, col_hi)                                   \
+                              : indptr[i + 1];                                             \
+    float *restrict o = out + (i - start) * cols + first;                                  \
+    const int scale = !(is_unit) && finish;                                                \
+    if (cursor && from == to) {                                                            \
+      if (scale)                                                                           \
+        for (int64_t k = 0; k < panel_cols; ++k) o[k] *= row_scale[i];                    \
+      continue;                                                                            \
+    }                                                                                      \
+    scaled_row(narrow_ids, wide_ids, (is_wide), (is_unit), col_scale, panel_x, ld,         \
+               safe_rows, o, from, to, col_lo, col_hi, cursor != NULL, scale,              \
+               (is_unit) ? 1.0f : row_scale[i], last_entry, padded, panel_cols);           \
+  }
+#define PADDED_CASE(padded, is_wide, is_unit)                                              \
+  case padded:                                                                             \
     SCALED_ROWS(padded, is_wide, is_unit) break;
-#define PANEL_ROWS(is_wide, is_unit)                                                   \
-  switch (padded) {                                                                    \
-    PADDED_CASE(8, is_wide, is_unit)                                                   \
-    PADDED_CASE(16, is_wide, is_unit)                                                  \
-    PADDED_CASE(32, is_wide, is_unit)                                                  \
-    PADDED_CASE(48, is_wide, is_unit)                                                  \
-    PADDED_CASE(64, is_wide, is_unit)                                                  \
-    PADDED_CASE(80, is_wide, is_unit)                                                  \
-    PADDED_CASE(96, is_wide, is_unit)                                                  \
-    PADDED_CASE(112, is_wide, is_unit)                                                 \
-    PADDED_CASE(128, is_wide, is_unit)                                                 \
+#define PANEL_ROWS(is_wide, is_unit)                                                       \
+  switch (padded) {                                                                        \
+    PADDED_CASE(8, is_wide, is_unit)                                                       \
+    PADDED_CASE(16, is_wide, is_unit)                                                      \
+    PADDED_CASE(32, is_wide, is_unit)                                                      \
+    PADDED_CASE(48, is_wide, is_unit)                                                      \
+    PADDED_CASE(64, is_wide, is_unit)                                                      \
+    PADDED_CASE(80, is_wide, is_unit)                                                      \
+    PADDED_CASE(96, is_wide, is_unit)                                                      \
+    PADDED_CASE(112, is_wide, is_unit)                                                     \
+    PADDED_CASE(128, is_wide, is_unit)                                                     \
   }
 
 /* The rows [start, stop) of a CSR block whose entry (i, j) is r_i c_j (no value array)
@@ -295,16 +326,26 @@ INLINE void scaled_row(const int64_t *restrict indptr, const int32_t *restrict n
  * r_i c_j first, so the two agree to float32 rounding. A row's sum stays in registers
  * while its neighbours' rows are read (PANEL columns at a time), and the rows
  * PREFETCH_ENTRIES entries ahead are requested meanwhile; blocks of ROW_BLOCK rows go to
- * the threads dynamically, as degrees are skewed. */
+ * the threads dynamically, as degrees are skewed.
+ *
+ * With a cursor (NULL: whole rows), x is a window of the operand, its columns
+ * [col_lo, col_hi) (x's row 0 is column col_lo), and each row's entries in it, from
+ * cursor[i - start] on, are added to out's row; the cursors are advanced past them, and
+ * the sums scaled by r_i where `finish`. Windows given in increasing order, from zeroed
+ * sums and cursors at the rows' first entries, the last with `finish`, give out the
+ * bits of one call over the whole operand: every sum adds the same terms in the same
+ * order. */
 void csr_scaled_rows(const int64_t *restrict indptr, const void *restrict indices, int wide,
                      const float *restrict row_scale, const float *restrict col_scale,
                      const float *restrict x, int64_t ld, int64_t readable,
                      float *restrict out, int64_t start, int64_t stop, int64_t cols,
+                     int64_t *restrict cursor, int64_t col_lo, int64_t col_hi, int finish,
                      int threads) {
   const int32_t *restrict narrow_ids = (const int32_t *)indices;
   const int64_t *restrict wide_ids = (const int64_t *)indices;
   const int64_t last_entry = indptr[stop];
   const int unit = col_scale == NULL;
+  if (!cursor) finish = 1;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
   for (int64_t lo = start; lo < stop; lo += ROW_BLOCK) {
     const int64_t hi = lo + ROW_BLOCK < stop ? lo + ROW_BLOCK : stop;
@@ -327,6 +368,10 @@ void csr_scaled_rows(const int64_t *restrict indptr, const void *restrict indice
         PANEL_ROWS(0, 0)
       }
     }
+    if (cursor)
+      for (int64_t i = lo; i < hi; ++i)
+        cursor[i - start] = window_end(indptr, narrow_ids, wide_ids, wide, i,
+                                       cursor[i - start], col_hi);
   }
 }
 

@@ -42,6 +42,7 @@ __all__ = [
     "tail_backward",
     "add_row_scaled",
     "csr_scaled_rows",
+    "csr_scaled_window",
     "csr_row_sums",
 ]
 
@@ -66,7 +67,7 @@ LIBRARY = NativeLibrary(
         "void csr_scaled_rows(const int64_t *indptr, const void *indices, int wide,"
         " const float *row_scale, const float *col_scale, const float *x, int64_t ld,"
         " int64_t readable, float *out, int64_t start, int64_t stop, int64_t cols,"
-        " int threads)",
+        " int64_t *cursor, int64_t col_lo, int64_t col_hi, int finish, int threads)",
         "void csr_row_sums(const int64_t *indptr, const void *indices, int wide,"
         " const float *row_scale, const float *col_scale, float *out, int64_t start,"
         " int64_t stop, int threads)",
@@ -412,6 +413,70 @@ def csr_scaled_rows(
     without a value array or a CSR copy. ``x`` is read in place where its rows are
     contiguous, as those of a column slice are; the kernel may read past a row's last
     column, never past ``x``'s storage."""
+    out = x.new_empty(stop - start, x.shape[1])
+    _scaled_rows(indptr, indices, row_scale, col_scale, x, out, start, stop)
+    return out
+
+
+def csr_scaled_window(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    col_scale: torch.Tensor | None,
+    window: torch.Tensor,
+    col_lo: int,
+    out: torch.Tensor,
+    cursor: torch.Tensor,
+    start: int,
+    finish: bool,
+) -> None:
+    """:func:`csr_scaled_rows` of rows ``[start, start + len(out))`` with an operand read
+    a window of rows at a time: ``window`` holds its rows ``[col_lo, col_lo +
+    len(window))``, and each row's entries with columns there are added to ``out``
+    (float32, contiguous), from ``cursor[i]`` on (int64, the row's first entry not yet
+    summed), which is advanced past them; with ``finish``, the sums are then scaled by
+    :math:`r_i`. Windows in increasing order, from zeros and the rows' first entries
+    (``indptr[start:stop]``), the last with ``finish``, give ``out`` the bits of
+    :func:`csr_scaled_rows` over the whole operand: each sum adds the same terms in the
+    same order (the block's columns are sorted within a row).
+
+    >>> indptr, indices = torch.tensor([0, 2, 3]), torch.tensor([0, 2, 1], dtype=torch.int32)
+    >>> x = torch.tensor([[1.0], [2.0], [4.0]])
+    >>> out, cursor = torch.zeros(2, 1), indptr[:2].clone()
+    >>> if usable(x):
+    ...     for lo in (0, 2):  # windows of two rows of x
+    ...         csr_scaled_window(indptr, indices, None, None, x[lo : lo + 2], lo, out,
+    ...                           cursor, 0, finish=lo == 2)
+    ... else:
+    ...     out = torch.tensor([[5.0], [2.0]])
+    >>> out.tolist()
+    [[5.0], [2.0]]
+    """
+    stop = start + out.shape[0]
+    if out.dtype != torch.float32 or not out.is_contiguous() or out.shape[1] != window.shape[1]:
+        raise ValueError("csr_scaled_window: out must be contiguous float32 of the window's width")
+    if cursor.dtype != torch.int64 or not cursor.is_contiguous() or cursor.numel() != out.shape[0]:
+        raise ValueError("csr_scaled_window: cursor must be contiguous int64, one per row")
+    window_rows = (col_lo, col_lo + window.shape[0], finish)
+    _scaled_rows(
+        indptr, indices, row_scale, col_scale, window, out, start, stop, cursor, window_rows
+    )
+
+
+def _scaled_rows(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    col_scale: torch.Tensor | None,
+    x: torch.Tensor,
+    out: torch.Tensor,
+    start: int,
+    stop: int,
+    cursor: torch.Tensor | None = None,
+    window: tuple[int, int, bool] = (0, 2**63 - 1, True),
+) -> None:
+    """The kernel ``csr_scaled_rows`` into ``out``: whole rows, or with ``cursor`` the
+    entries in ``window`` (its first and last column, and whether it finishes the sums)."""
     # bound to names: a copy made here must outlive the call
     indptr, indices, row_scale, col_scale = _csr_arrays(
         "csr_scaled_rows", (indptr, indices, row_scale, col_scale), start, stop
@@ -419,7 +484,7 @@ def csr_scaled_rows(
     if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
         x = x.contiguous()
     readable = x.untyped_storage().nbytes() // x.element_size() - x.storage_offset()
-    out = x.new_empty(stop - start, x.shape[1])
+    col_lo, col_hi, finish = window
     LIBRARY.call(
         "csr_scaled_rows",
         indptr=_ptr(indptr),
@@ -434,9 +499,12 @@ def csr_scaled_rows(
         start=start,
         stop=stop,
         cols=x.shape[1],
+        cursor=_ptr(cursor),
+        col_lo=col_lo,
+        col_hi=col_hi,
+        finish=int(finish),
         threads=torch.get_num_threads(),
     )
-    return out
 
 
 def csr_row_sums(

@@ -31,7 +31,7 @@ from tests.helpers import random_dataset, whole_graph_batch
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
-    memory.STREAM_BUFFER_BYTES = spec["stream_bytes"]
+    memory.STREAM_PIECE_BYTES = memory.STREAM_BLOCK_BYTES = spec["stream_bytes"]
     base = {
         "sampling": {"batch_size": spec["batch_size"], "seed": 0},
         "train": {"seed": 0, "progress": False},
