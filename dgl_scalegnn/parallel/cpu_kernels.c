@@ -283,7 +283,8 @@ INLINE int64_t window_end(const int64_t *restrict indptr, const int32_t *restric
 
 /* Rows [lo, hi) of one panel of csr_scaled_rows, `padded`, `is_wide` and `is_unit`
  * constants: whole rows, or (with a cursor) each row's entries in the window, where a
- * row without any is only scaled where the window is the last. */
+ * row without any is only scaled where the window is the last; the last panel advances
+ * the row's cursor past them (the earlier panels read it unmoved). */
 #define SCALED_ROWS(padded, is_wide, is_unit)                                              \
   for (int64_t i = lo; i < hi; ++i) {                                                      \
     const int64_t from = cursor ? cursor[i - start] : indptr[i];                           \
@@ -292,6 +293,7 @@ INLINE int64_t window_end(const int64_t *restrict indptr, const int32_t *restric
                               : indptr[i + 1];                                             \
     float *restrict o = out + (i - start) * cols + first;                                  \
     const int scale = !(is_unit) && finish;                                                \
+    if (cursor && last_panel) cursor[i - start] = to;                                      \
     if (cursor && from == to) {                                                            \
       if (scale)                                                                           \
         for (int64_t k = 0; k < panel_cols; ++k) o[k] *= row_scale[i];                    \
@@ -351,6 +353,7 @@ void csr_scaled_rows(const int64_t *restrict indptr, const void *restrict indice
     const int64_t hi = lo + ROW_BLOCK < stop ? lo + ROW_BLOCK : stop;
     for (int64_t first = 0; first < cols; first += PANEL) {
       const int64_t panel_cols = cols - first < PANEL ? cols - first : PANEL;
+      const int last_panel = first + panel_cols == cols;
       const int64_t padded = panel_cols <= 8 ? 8 : (panel_cols + 15) / 16 * 16;
       const float *restrict panel_x = x + first;
       /* rows j of x with j * ld + first + padded <= readable */
@@ -368,10 +371,6 @@ void csr_scaled_rows(const int64_t *restrict indptr, const void *restrict indice
         PANEL_ROWS(0, 0)
       }
     }
-    if (cursor)
-      for (int64_t i = lo; i < hi; ++i)
-        cursor[i - start] = window_end(indptr, narrow_ids, wide_ids, wide, i,
-                                       cursor[i - start], col_hi);
   }
 }
 
